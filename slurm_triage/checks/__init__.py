@@ -1,0 +1,73 @@
+"""Node checks: pure functions from collected facts to findings.
+
+A check is one function registered with ``@check``; it reads the fact sections it names
+in ``needs`` and returns findings. No I/O happens here, so every check is tested from
+recorded facts. When a section could not be collected (probe error or deadline), the
+checks that need it are not run and one UNKNOWN finding per missing section says why.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Tuple
+
+from ..config import Config
+from ..model import Finding, Verdict, sort_findings
+
+Facts = Dict[str, Any]
+CheckFn = Callable[[Facts, Config], List[Finding]]
+
+# Modules that hold checks, imported in this order; adding a module means adding it here.
+MODULES = ("gpu", "xid", "leftovers", "listeners", "rdma")
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    id: str
+    needs: Tuple[str, ...]
+    fn: CheckFn
+
+    @property
+    def doc(self) -> str:
+        return (self.fn.__doc__ or "").strip().splitlines()[0] if self.fn.__doc__ else ""
+
+
+REGISTRY: Dict[str, CheckSpec] = {}
+
+
+def check(id: str, needs: Tuple[str, ...]) -> Callable[[CheckFn], CheckFn]:
+    """Register ``fn`` as check ``id`` reading the fact sections ``needs``."""
+
+    def deco(fn: CheckFn) -> CheckFn:
+        if id in REGISTRY:
+            raise ValueError(f"check id {id!r} registered twice")
+        REGISTRY[id] = CheckSpec(id, tuple(needs), fn)
+        return fn
+
+    return deco
+
+
+def load_all() -> Dict[str, CheckSpec]:
+    for mod in MODULES:
+        importlib.import_module(f"{__name__}.{mod}")
+    return REGISTRY
+
+
+def run_checks(facts: Facts, cfg: Config) -> List[Finding]:
+    """Run every enabled check over ``facts``; UNKNOWN for sections that are missing."""
+    node = facts.get("node", "")
+    disabled = set(cfg.get("checks", "disabled"))
+    errors: Dict[str, str] = facts.get("errors", {})
+    findings: List[Finding] = []
+    for section, err in sorted(errors.items()):
+        findings.append(Finding(
+            id=f"probe.{section}", verdict=Verdict.UNKNOWN, node=node,
+            summary=f"could not collect {section} facts: {err}",
+            evidence={"error": err}, action="look at the probe error; the checks needing it were not run"))
+    for spec in load_all().values():
+        if spec.id in disabled or any(facts.get(s) is None for s in spec.needs):
+            continue
+        for f in spec.fn(facts, cfg):
+            f.node = f.node or node
+            findings.append(f)
+    return sort_findings(findings)

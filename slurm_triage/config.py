@@ -1,0 +1,266 @@
+"""One TOML config file, validated against a declared schema.
+
+Search order: ``--config``, ``$SLURM_TRIAGE_CONFIG``, ``/etc/slurm-triage/config.toml``,
+built-in defaults. Every key is declared in ``SCHEMA`` (and documented in
+``etc/config.toml.example``, which a test keeps in step with it). String values may
+contain ``{node}``, replaced by this node's name, so one file serves every node.
+"""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on RHEL 9's Python 3.9
+    import tomli as tomllib
+
+DEFAULT_PATH = "/etc/slurm-triage/config.toml"
+
+
+@dataclass(frozen=True)
+class Key:
+    type: type
+    default: Any
+    doc: str
+    check: Optional[Callable[[Any], Optional[str]]] = None
+    """Returns an error message for a bad value, None when it is fine."""
+
+
+def _positive(v: Any) -> Optional[str]:
+    return None if v > 0 else "must be > 0"
+
+
+def _non_negative(v: Any) -> Optional[str]:
+    return None if v >= 0 else "must be >= 0"
+
+
+def _absolute_or_empty(v: str) -> Optional[str]:
+    return None if v == "" or v.startswith("/") else "must be an absolute path (or empty)"
+
+
+def _url_or_empty(v: str) -> Optional[str]:
+    return None if v == "" or re.match(r"^https?://[^/\s]+", v) else "must be an http(s) URL (or empty)"
+
+
+def _one_of(*choices: str) -> Callable[[Any], Optional[str]]:
+    def check(v: Any) -> Optional[str]:
+        return None if v in choices else "must be one of " + ", ".join(repr(c) for c in choices)
+
+    return check
+
+
+SCHEMA: Dict[str, Dict[str, Key]] = {
+    "node": {
+        "name": Key(str, "", "This node's Slurm name; empty: $SLURMD_NODENAME, else the short hostname."),
+        "state_dir": Key(str, "/var/lib/slurm-triage", "Per-job JSON state (baselines, verdicts).", _absolute_or_empty),
+        "spool_dir": Key(str, "/var/spool/slurm-triage", "Pushes that could not be delivered, replayed in order.", _absolute_or_empty),
+        "spool_max_files": Key(int, 1000, "Oldest spooled pushes beyond this count are dropped (and counted).", _positive),
+    },
+    "gpu": {
+        "enabled": Key(bool, True, "Collect GPU facts through NVML."),
+        "nvml_library": Key(str, "", "Absolute path of libnvidia-ml.so.1 to load; empty: the system one.", _absolute_or_empty),
+        "deadline_seconds": Key(float, 5.0, "NVML runs in a child process killed after this long (-> UNKNOWN).", _positive),
+        "expected_count": Key(int, -1, "GPUs this node must show; -1: do not check the count."),
+        "temperature_margin_celsius": Key(float, 5.0, "WARN when a GPU is this close to its own slowdown threshold.", _non_negative),
+    },
+    "procs": {
+        "enabled": Key(bool, True, "Collect processes, sockets and IPC files."),
+        "deadline_seconds": Key(float, 3.0, "Deadline for the process scan.", _positive),
+        "ipc_dirs": Key(list, ["/dev/shm", "/tmp"], "Directories scanned (lstat only) for NCCL/MPI/UCX/PSM2/torch leftovers."),
+    },
+    "kernel": {
+        "enabled": Key(bool, True, "Read NVIDIA Xid, fallen-off-the-bus and PCIe AER lines from the kernel log."),
+        "source": Key(str, "auto", "auto (kmsg, then dmesg), kmsg, dmesg or file.", _one_of("auto", "kmsg", "dmesg", "file")),
+        "path": Key(str, "", "Kernel log file read when source = \"file\".", _absolute_or_empty),
+        "deadline_seconds": Key(float, 2.0, "Deadline for reading the kernel log.", _positive),
+    },
+    "rdma": {
+        "enabled": Key(bool, True, "Read InfiniBand/RoCE ports from sysfs."),
+        "sysfs_root": Key(str, "/sys/class/infiniband", "Root of the IB class tree (tests point it at a recorded tree).", _absolute_or_empty),
+        "expected_rate_gbps": Key(float, 0.0, "WARN when an active port runs below this rate; 0: do not check.", _non_negative),
+        "deadline_seconds": Key(float, 2.0, "Deadline for the sysfs read.", _positive),
+    },
+    "listeners": {
+        "dashboard_ports": Key(list, [8265, 6006, 8888, 8889, 6007, 5000, 7860, 8080],
+                               "Ports of dashboards (Ray, TensorBoard, Jupyter, ...) that must not be bound publicly."),
+    },
+    "checks": {
+        "disabled": Key(list, [], "Check ids to skip (see `slurm-triage checks`)."),
+    },
+    "pushgateway": {
+        "url": Key(str, "", "Pushgateway base URL, e.g. http://127.0.0.1:9091; empty: do not push.", _url_or_empty),
+        "timeout_seconds": Key(float, 2.0, "Per-request timeout; a down gateway costs at most this per push.", _positive),
+        "retries": Key(int, 1, "Extra attempts (with jitter) before spooling.", _non_negative),
+    },
+    "textfile": {
+        "directory": Key(str, "", "node_exporter textfile collector directory; empty: do not write.", _absolute_or_empty),
+    },
+}
+
+
+class ConfigError(Exception):
+    """A config problem, with the file, key and line when known."""
+
+    def __init__(self, message: str, path: str = "", key: str = "", line: Optional[int] = None):
+        where = path
+        if line is not None:
+            where += f":{line}"
+        if key:
+            where += f": {key}"
+        super().__init__(f"{where}: {message}" if where else message)
+        self.path, self.key, self.line = path, key, line
+
+
+@dataclass
+class Config:
+    values: Dict[str, Dict[str, Any]]
+    source: str = "<defaults>"
+    warnings: List[str] = field(default_factory=list)
+
+    def get(self, section: str, key: str) -> Any:
+        return self.values[section][key]
+
+
+def node_name(explicit: str = "") -> str:
+    """Slurm's name for this node: hooks get SLURMD_NODENAME; hostname is the fallback."""
+    return explicit or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def _key_lines(text: str) -> Dict[Tuple[str, str], int]:
+    """Map (section, key) to its line number, for error messages (tomllib has none)."""
+    lines: Dict[Tuple[str, str], int] = {}
+    section = ""
+    for n, raw in enumerate(text.splitlines(), 1):
+        s = raw.strip()
+        m = re.match(r"^\[\s*([^\]]+?)\s*\]", s)
+        if m:
+            section = m.group(1).strip().strip('"')
+            lines.setdefault((section, ""), n)
+            continue
+        m = re.match(r'^"?([A-Za-z0-9_.-]+)"?\s*=', s)
+        if m:
+            full = m.group(1)
+            sec, _, key = (section + "." + full).rpartition(".") if section else full.rpartition(".")
+            lines.setdefault((sec, key), n)
+    return lines
+
+
+def _coerce(key: Key, value: Any) -> Any:
+    if key.type is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, bool) and key.type is not bool:
+        raise TypeError
+    if not isinstance(value, key.type):
+        raise TypeError
+    return value
+
+
+def defaults() -> Dict[str, Dict[str, Any]]:
+    return {sec: {k: (list(v.default) if isinstance(v.default, list) else v.default) for k, v in keys.items()}
+            for sec, keys in SCHEMA.items()}
+
+
+def parse(text: str, path: str = "<string>") -> Dict[str, Dict[str, Any]]:
+    """Validate TOML text against SCHEMA; raise ConfigError naming file, key and line."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        m = re.search(r"line (\d+)", str(e))
+        raise ConfigError(f"not valid TOML: {e}", path, line=int(m.group(1)) if m else None) from None
+    lines = _key_lines(text)
+    values = defaults()
+    for section, table in data.items():
+        if section not in SCHEMA:
+            raise ConfigError(f"unknown section [{section}] (known: {', '.join(SCHEMA)})", path,
+                              section, lines.get((section, "")))
+        if not isinstance(table, dict):
+            raise ConfigError("must be a table", path, section, lines.get(("", section)))
+        for k, v in table.items():
+            name = f"{section}.{k}"
+            line = lines.get((section, k))
+            key = SCHEMA[section].get(k)
+            if key is None:
+                raise ConfigError(f"unknown key (known in [{section}]: {', '.join(SCHEMA[section])})", path, name, line)
+            try:
+                v = _coerce(key, v)
+            except TypeError:
+                raise ConfigError(f"expected {key.type.__name__}, got {type(v).__name__} {v!r}", path, name, line) from None
+            problem = key.check(v) if key.check else None
+            if problem:
+                raise ConfigError(f"{problem}, got {v!r}", path, name, line)
+            values[section][k] = v
+    return values
+
+
+def _expand(values: Dict[str, Dict[str, Any]], node: str) -> None:
+    for table in values.values():
+        for k, v in table.items():
+            if isinstance(v, str):
+                table[k] = v.replace("{node}", node)
+
+
+def resolve_path(explicit: Optional[str] = None) -> Optional[str]:
+    """The config file to read, or None for built-in defaults."""
+    if explicit:
+        return explicit
+    env = os.environ.get("SLURM_TRIAGE_CONFIG")
+    if env:
+        return env
+    return DEFAULT_PATH if os.path.exists(DEFAULT_PATH) else None
+
+
+def load(explicit: Optional[str] = None, fail_open: bool = False) -> Config:
+    """Load and validate the config.
+
+    ``fail_open`` (hooks): a broken file yields the defaults plus a warning instead of an
+    exception, because a config typo must never drain the fleet.
+    """
+    path = resolve_path(explicit)
+    cfg = Config(defaults())
+    if path is not None:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+            cfg = Config(parse(text, path), source=path)
+        except (OSError, UnicodeDecodeError) as e:
+            err: Exception = ConfigError(f"cannot read: {e}", path)
+            if not fail_open:
+                raise err from None
+            cfg.warnings.append(f"{err}; using built-in defaults")
+        except ConfigError as e:
+            if not fail_open:
+                raise
+            cfg.warnings.append(f"{e}; using built-in defaults")
+    cfg.values["node"]["name"] = node_name(cfg.values["node"]["name"])
+    _expand(cfg.values, cfg.values["node"]["name"])
+    return cfg
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return repr(v)
+
+
+def example() -> str:
+    """A config file with every key commented out at its default: etc/config.toml.example."""
+    out = ["# slurm-triage configuration (TOML). Every key is optional; shown at its default.",
+           "# Search order: --config, $SLURM_TRIAGE_CONFIG, /etc/slurm-triage/config.toml.",
+           "# \"{node}\" in any string is replaced by this node's Slurm name.",
+           "# Validate with: slurm-triage config check FILE"]
+    for section, keys in SCHEMA.items():
+        out.append("")
+        out.append(f"[{section}]")
+        for name, key in keys.items():
+            out.append(f"# {key.doc}")
+            out.append(f"# {name} = {_toml_value(key.default)}")
+    return "\n".join(out) + "\n"

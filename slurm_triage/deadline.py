@@ -1,0 +1,101 @@
+"""Run probes in forked children under hard deadlines.
+
+A hung driver call (NVML in D-state, a stuck sysfs read) cannot be interrupted inside
+the process that made it; it can only be abandoned. Each probe therefore runs in its own
+forked child, all children run at once, and any child past its deadline is SIGKILLed and
+reported as timed out. Results travel back as JSON over a pipe.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Tuple
+
+
+@dataclass
+class ProbeResult:
+    name: str
+    value: Any = None
+    error: str = ""
+    timed_out: bool = False
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and not self.timed_out
+
+
+def _child(fn: Callable[[], Any], wfd: int) -> None:
+    try:
+        payload = json.dumps({"value": fn()})
+    except BaseException as e:  # noqa: BLE001 - everything must reach the parent as text
+        tb = traceback.extract_tb(e.__traceback__)[-1:]
+        where = f" ({tb[0].filename.rsplit('/', 1)[-1]}:{tb[0].lineno})" if tb else ""
+        payload = json.dumps({"error": f"{type(e).__name__}: {e}{where}"})
+    data = payload.encode()
+    while data:
+        n = os.write(wfd, data)
+        data = data[n:]
+    os._exit(0)
+
+
+def run_probes(probes: Dict[str, Tuple[Callable[[], Any], float]]) -> Dict[str, ProbeResult]:
+    """Run each ``name: (fn, deadline_seconds)`` in a child; return results by name."""
+    start = time.monotonic()
+    running: Dict[int, Tuple[str, int, float, bytearray]] = {}  # rfd -> (name, pid, deadline, buf)
+    results: Dict[str, ProbeResult] = {}
+    for name, (fn, seconds) in probes.items():
+        rfd, wfd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child
+            os.close(rfd)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            _child(fn, wfd)
+        os.close(wfd)
+        running[rfd] = (name, pid, start + seconds, bytearray())
+    while running:
+        now = time.monotonic()
+        for rfd, (name, pid, deadline, _) in list(running.items()):
+            if now >= deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                os.close(rfd)
+                del running[rfd]
+                results[name] = ProbeResult(name, timed_out=True, error=f"timed out after {deadline - start:.1f} s",
+                                            seconds=now - start)
+        if not running:
+            break
+        wait = max(0.0, min(d for _, _, d, _ in running.values()) - time.monotonic())
+        ready, _, _ = select.select(list(running), [], [], wait)
+        for rfd in ready:
+            name, pid, deadline, buf = running[rfd]
+            chunk = os.read(rfd, 1 << 16)
+            if chunk:
+                buf.extend(chunk)
+                continue
+            os.close(rfd)
+            del running[rfd]
+            os.waitpid(pid, 0)
+            results[name] = _decode(name, bytes(buf), time.monotonic() - start)
+    return results
+
+
+def _decode(name: str, raw: bytes, seconds: float) -> ProbeResult:
+    try:
+        msg = json.loads(raw)
+    except ValueError:
+        return ProbeResult(name, error="probe died without a result", seconds=seconds)
+    if "error" in msg:
+        return ProbeResult(name, error=msg["error"], seconds=seconds)
+    return ProbeResult(name, value=msg["value"], seconds=seconds)
+
+
+def run_probe(fn: Callable[[], Any], seconds: float, name: str = "probe") -> ProbeResult:
+    return run_probes({name: (fn, seconds)})[name]
+
+
