@@ -82,6 +82,33 @@ def cmd_config_example(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_node_resume(args: argparse.Namespace) -> int:
+    """Resume a node we drained, after its checks pass again on this node."""
+    import os
+
+    from .model import Verdict
+    from .node import check_node, render_text
+    from .slurmctl import SlurmError, node_state, resume
+
+    os.environ["SLURMD_NODENAME"] = args.node  # so {node} in the config names this node's paths
+    cfg = _load_config(args)
+    try:
+        current = node_state(cfg, args.node)
+        if not current.ours:
+            print(f"{args.node}: reason {current.reason!r} is not ours; leaving it", file=sys.stderr)
+            return EXIT_FAIL
+        report = check_node(cfg)
+        if report.verdict == Verdict.FAIL and not args.force:
+            sys.stdout.write(render_text(report))
+            print(f"{args.node}: checks still FAIL; not resuming (--force to override)", file=sys.stderr)
+            return EXIT_FAIL
+        print(resume(cfg, args.node))
+    except SlurmError as e:
+        print(f"slurm-triage: {e}", file=sys.stderr)
+        return EXIT_FAIL
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="slurm-triage",
@@ -110,7 +137,15 @@ def build_parser() -> argparse.ArgumentParser:
     cs.set_defaults(func=cmd_config_show)
     ce = csub.add_parser("example", help="print a commented config with every key at its default")
     ce.set_defaults(func=cmd_config_example)
-    c.set_defaults(func=lambda a: (c.print_help(), EXIT_USAGE)[1])
+    c.set_defaults(func=lambda a, p=c: (p.print_help(), EXIT_USAGE)[1])
+
+    c = sub.add_parser("node", help="act on a node's drain state")
+    nsub = c.add_subparsers(dest="node_command", metavar="ACTION")
+    nr = nsub.add_parser("resume", help="resume NODE if we drained it and its checks now pass (run on NODE)")
+    nr.add_argument("node", metavar="NODE")
+    nr.add_argument("--force", action="store_true", help="resume even if the checks still FAIL")
+    nr.set_defaults(func=cmd_node_resume)
+    c.set_defaults(func=lambda a, p=c: (p.print_help(), EXIT_USAGE)[1])
 
     for register in _extensions():
         register(sub)

@@ -92,6 +92,15 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
     "checks": {
         "disabled": Key(list, [], "Check ids to skip (see `slurm-triage checks`)."),
     },
+    "hooks": {
+        "prolog_deadline_seconds": Key(float, 8.0, "Hard deadline of the Prolog; keep it below MessageTimeout (10 s) and PrologEpilogTimeout.", _positive),
+        "epilog_deadline_seconds": Key(float, 20.0, "Hard deadline of the Epilog; keep it below PrologEpilogTimeout.", _positive),
+        "drain": Key(bool, True, "On a hardware FAIL, drain the node with a reason tagged \"triage:\" and exit non-zero."),
+        "scontrol": Key(str, "/usr/bin/scontrol", "Absolute path of scontrol (hooks run without PATH).", _absolute_or_empty),
+        "cleanup": Key(bool, False, "Epilog: SIGTERM, then SIGKILL, this job's leftover processes and remove its IPC files."),
+        "cleanup_grace_seconds": Key(float, 3.0, "Epilog: time between SIGTERM and SIGKILL.", _non_negative),
+        "sample_seconds": Key(float, 2.0, "Prolog with --triage: NVML sampling window for stuck clocks, throttling, idle power.", _non_negative),
+    },
     "pushgateway": {
         "url": Key(str, "", "Pushgateway base URL, e.g. http://127.0.0.1:9091; empty: do not push.", _url_or_empty),
         "timeout_seconds": Key(float, 2.0, "Per-request timeout; a down gateway costs at most this per push.", _positive),

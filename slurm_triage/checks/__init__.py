@@ -18,7 +18,7 @@ Facts = Dict[str, Any]
 CheckFn = Callable[[Facts, Config], List[Finding]]
 
 # Modules that hold checks, imported in this order; adding a module means adding it here.
-MODULES = ("gpu", "xid", "leftovers", "listeners", "rdma")
+MODULES = ("gpu", "xid", "leftovers", "listeners", "rdma", "sampling")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,102 @@
+"""What every hook shares: fail-open wrapper, hard deadline, one-line log, error counter.
+
+Our own faults fail open: a bad config, a bug or a missed deadline logs one line, counts
+``slurm_triage_internal_errors_total`` and exits 0, because a broken tool must never
+drain the fleet. Only evidence (a hardware FAIL) makes a hook exit non-zero.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import traceback
+from typing import Callable, Optional
+
+from ..config import Config, load
+from .env import EnvError, JobEnv, from_environ
+
+LOG_MAX_BYTES = 1 << 20
+
+
+def log(cfg: Optional[Config], kind: str, msg: str) -> None:
+    """One line to stderr (slurmd's log on failure) and to <state_dir>/hooks.log."""
+    line = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} slurm-triage {kind}: {msg}\n"
+    sys.stderr.write(line)
+    if cfg is None:
+        return
+    try:
+        d = cfg.get("node", "state_dir")
+        os.makedirs(d, mode=0o755, exist_ok=True)
+        path = os.path.join(d, "hooks.log")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+        if os.path.exists(path) and os.lstat(path).st_size > LOG_MAX_BYTES:
+            flags |= os.O_TRUNC
+        fd = os.open(path, flags, 0o640)
+        with os.fdopen(fd, "a") as fh:
+            fh.write(line)
+    except OSError:
+        pass
+
+
+def count_internal_error(cfg: Config) -> int:
+    """Increment and return the persistent internal-error counter of this node."""
+    path = os.path.join(cfg.get("node", "state_dir"), "internal_errors_total")
+    try:
+        with open(path) as fh:
+            n = int(fh.read().strip() or 0)
+    except (OSError, ValueError):
+        n = 0
+    n += 1
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w") as fh:
+            fh.write(f"{n}\n")
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return n
+
+
+def internal_errors(cfg: Config) -> int:
+    try:
+        with open(os.path.join(cfg.get("node", "state_dir"), "internal_errors_total")) as fh:
+            return int(fh.read().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def run_hook(kind: str, deadline_key: str, body: Callable[[Config, JobEnv], int]) -> int:
+    """Run ``body`` fail-open under the hook's hard deadline; return the exit code."""
+    cfg = load(fail_open=True)
+    for w in cfg.warnings:
+        log(cfg, kind, f"config error: {w}")
+        count_internal_error(cfg)
+    try:
+        env = from_environ()
+    except EnvError as e:
+        log(cfg, kind, f"not run: {e}")
+        count_internal_error(cfg)
+        return 0
+    for w in env.warnings:
+        log(cfg, kind, f"job {env.job_id}: {w}")
+    deadline = cfg.get("hooks", deadline_key)
+
+    def on_alarm(signum: int, frame: object) -> None:
+        log(cfg, kind, f"job {env.job_id}: passed its {deadline:g} s deadline; exiting 0 (fail open)")
+        count_internal_error(cfg)
+        os._exit(0)
+
+    signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, deadline)
+    try:
+        return body(cfg, env)
+    except Exception as e:  # noqa: BLE001 - any bug of ours must fail open
+        tb = traceback.extract_tb(e.__traceback__)[-1]
+        log(cfg, kind, f"job {env.job_id}: internal error {type(e).__name__}: {e} "
+                       f"({tb.filename.rsplit('/', 1)[-1]}:{tb.lineno}); exiting 0 (fail open)")
+        count_internal_error(cfg)
+        return 0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)

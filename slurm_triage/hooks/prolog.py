@@ -1,0 +1,97 @@
+"""The Prolog: baseline snapshot, node checks, state, push, drain on a hardware FAIL.
+
+Runs as root on every node of the allocation (PrologFlags=Alloc) before the job starts.
+Exit 1 only for a hardware-meaning FAIL, so Slurm takes the node out and requeues (batch)
+or cancels (srun) the job; everything else exits 0.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, List
+
+from ..checks import run_checks
+from ..config import Config
+from ..model import Finding, Verdict, worst
+from ..snapshot import take
+from .common import internal_errors, log, run_hook
+from .env import JobEnv
+
+
+def job_gpu_uuids(snapshot: Dict[str, Any], env: JobEnv) -> List[str]:
+    """UUIDs of the job's GPUs: GRES indices are device minors, not NVML indices."""
+    gpus = (snapshot.get("gpu") or {}).get("gpus") or []
+    if env.gpus is None:
+        return [g["uuid"] for g in gpus if g.get("uuid")]
+    return [g["uuid"] for g in gpus if g.get("uuid") and g.get("minor") in env.gpus]
+
+
+def drain_reason(fails: List[Finding]) -> str:
+    """``GPU-… Xid 79 fell off the bus`` for the first failure, ``(+N more)`` for the rest."""
+    f = fails[0]
+    text = f"{f.gpu} {f.summary}" if f.gpu else f.summary
+    return text + (f" (+{len(fails) - 1} more)" if len(fails) > 1 else "")
+
+
+def prolog(cfg: Config, env: JobEnv) -> int:
+    t0 = time.monotonic()
+    snap = take(cfg)
+    if env.triage:
+        from ..sampling import sample_gpus
+
+        snap["gpu_samples"] = sample_gpus(cfg, cfg.get("hooks", "sample_seconds"))
+        if "error" in snap["gpu_samples"]:
+            snap["errors"]["gpu_samples"] = snap["gpu_samples"].pop("error")
+            snap["gpu_samples"] = None
+    findings = run_checks(snap, cfg)
+    verdict = worst(f.verdict for f in findings)
+    record: Dict[str, Any] = {
+        "job_id": env.job_id, "node": env.node, "uid": env.uid, "triage": env.triage,
+        "nodelist": env.nodelist, "job_gpus": job_gpu_uuids(snap, env), "verdict": verdict.value,
+        "findings": [f.to_dict() for f in findings], "snapshot": snap,
+    }
+    if env.triage:
+        from ..sampling import peer_figures
+
+        record["peer"] = peer_figures(snap)
+    from ..sinks import state
+
+    state.save(cfg, env.job_id, "prolog", record)
+    hardware = [f for f in findings if f.verdict == Verdict.FAIL and f.hardware]
+    drained = ""
+    if hardware and cfg.get("hooks", "drain"):
+        from ..slurmctl import SlurmError, drain
+
+        try:
+            drained = drain(cfg, env.node, drain_reason(hardware))
+        except SlurmError as e:
+            drained = f"drain failed: {e}"
+    seconds = time.monotonic() - t0
+    if cfg.get("pushgateway", "url"):
+        _push(cfg, env, snap, findings, record, seconds)
+    summary = f"job {env.job_id}: {verdict.value} ({len(findings)} findings, {seconds:.2f} s)"
+    if hardware:
+        log(cfg, "prolog", f"{summary}; {drained}; exit 1")
+        return 1
+    if verdict != Verdict.OK:
+        log(cfg, "prolog", summary + ": " + "; ".join(f"{f.id} {f.summary}" for f in findings[:3]))
+    return 0
+
+
+def _push(cfg: Config, env: JobEnv, snap: Dict[str, Any], findings: List[Finding],
+          record: Dict[str, Any], seconds: float) -> None:
+    from ..sinks.exposition import render
+    from ..sinks.spool import deliver
+
+    extra = {"hook_duration_seconds": seconds, "internal_errors_total": internal_errors(cfg),
+             "triage": env.triage, "peer": record.get("peer")}
+    result = deliver(cfg, grouping(env, "prolog"), render(snap, findings, extra))
+    if result.error:
+        log(cfg, "prolog", f"job {env.job_id}: push: {result.describe()}")
+
+
+def grouping(env: JobEnv, phase: str) -> Dict[str, str]:
+    return {"job": "slurm_triage", "instance": env.node, "slurm_job_id": env.job_id, "phase": phase}
+
+
+def main() -> int:
+    return run_hook("prolog", "prolog_deadline_seconds", prolog)
