@@ -59,6 +59,7 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
         "name": Key(str, "", "This node's Slurm name; empty: $SLURMD_NODENAME, else the short hostname."),
         "state_dir": Key(str, "/var/lib/slurm-triage", "Per-job JSON state (baselines, verdicts).", _absolute_or_empty),
         "spool_dir": Key(str, "/var/spool/slurm-triage", "Pushes that could not be delivered, replayed in order.", _absolute_or_empty),
+        "state_max_age_days": Key(float, 14.0, "Job state directories older than this are pruned.", _positive),
         "spool_max_files": Key(int, 1000, "Oldest spooled pushes beyond this count are dropped (and counted).", _positive),
     },
     "gpu": {

@@ -54,11 +54,13 @@ def check_node(cfg: Config, push: bool = False, sections: Optional[List[str]] = 
 def push_report(cfg: Config, report: NodeReport, grouping: Dict[str, str]) -> str:
     """Render and deliver (spooling on failure); returns a one-line delivery status."""
     from .sinks.exposition import render
-    from .sinks.spool import deliver
+    from .sinks.spool import deliver, stats
 
     key = {"job": "slurm_triage", "instance": report.node, **grouping}
-    result = deliver(cfg, key, render(report.snapshot, report.findings))
-    return result.describe()
+    result = deliver(cfg, key, render(report.snapshot, report.findings, stats(cfg)))
+    if result.error:
+        return f"not delivered ({result.error}); {result.spooled} spooled, {result.pending} pending"
+    return f"delivered ({result.sent} sent, {result.pending} pending)"
 
 
 def render_text(report: NodeReport) -> str:

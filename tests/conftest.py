@@ -59,7 +59,7 @@ class Pushgateway:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [self.binary, f"--web.listen-address=127.0.0.1:{self.port}",
+            [self.binary, f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-admin-api",
              f"--persistence.file={self.workdir / 'pgw.state'}"],
             stdout=subprocess.DEVNULL, stderr=open(self.workdir / "pgw.log", "ab"))
         if not _wait_http(self.url + "/-/ready", 10):
@@ -79,7 +79,8 @@ class Pushgateway:
     def wipe(self) -> None:
         import requests
 
-        requests.put(self.url + "/api/v1/admin/wipe", timeout=5)
+        r = requests.put(self.url + "/api/v1/admin/wipe", timeout=5)
+        assert r.status_code == 202, f"wipe failed: {r.status_code} {r.text}"
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ from ..checks import run_checks
 from ..config import Config
 from ..model import Finding, Verdict, worst
 from ..snapshot import take
-from .common import internal_errors, log, run_hook
+from .common import count_internal_error, internal_errors, log, run_hook
 from .env import JobEnv
 from .prolog import drain_reason, grouping, job_gpu_uuids
 
@@ -54,6 +54,13 @@ def gpu_diff(base: Optional[Dict[str, Any]], end: Optional[Dict[str, Any]], uuid
             "lost": bool(g1.get("lost")),
         }
     return out
+
+
+def only_new_kernel_events(base: Optional[Dict[str, Any]], now: Optional[Dict[str, Any]]) -> None:
+    """Keep the events logged since the Prolog; seqs compare only within one source."""
+    if not base or not now or base.get("source") != now.get("source") or base.get("last_seq") is None:
+        return
+    now["events"] = [e for e in now.get("events", []) if (e.get("seq") or 0) > base["last_seq"]]
 
 
 def job_leftovers(procs: Optional[Dict[str, Any]], env: JobEnv) -> List[Dict[str, Any]]:
@@ -134,8 +141,8 @@ def epilog(cfg: Config, env: JobEnv) -> int:
     t0 = time.monotonic()
     base = state.load(cfg, env.job_id, "prolog") or {}
     base_snap = base.get("snapshot") or {}
-    since = (base_snap.get("kernel") or {}).get("last_seq")
-    snap = take(cfg, options={"kernel": {"since_seq": since}} if since is not None else None)
+    snap = take(cfg)
+    only_new_kernel_events(base_snap.get("kernel"), snap.get("kernel"))
     snap["baseline"] = {"rdma": base_snap.get("rdma"), "time": base_snap.get("time")}
     uuids = base.get("job_gpus") or job_gpu_uuids(snap, env)
     diff = gpu_diff(base_snap.get("gpu"), snap.get("gpu"), uuids)
@@ -188,15 +195,16 @@ def epilog(cfg: Config, env: JobEnv) -> int:
 def _push(cfg: Config, env: JobEnv, snap: Dict[str, Any], findings: List[Finding],
           record: Dict[str, Any], seconds: float) -> None:
     from ..sinks.exposition import render
-    from ..sinks.spool import deliver
+    from ..sinks.spool import deliver, stats
 
-    extra = {"hook_duration_seconds": seconds, "internal_errors_total": internal_errors(cfg),
-             "gpu_diff": record["gpu_diff"], "leftover_processes": len(record["leftovers"])}
-    result = deliver(cfg, grouping(env, "summary"), render(snap, findings, extra))
+    extra = {"hook_duration_seconds": seconds, "internal_errors": internal_errors(cfg),
+             "leftover_processes": len(record["leftovers"]), **stats(cfg)}
+    result = deliver(cfg, grouping(env, "summary"), render(snap, findings, extra, gpu_diff=record["gpu_diff"]))
     for phase in LIVE_PHASES:
         deliver(cfg, grouping(env, phase), delete=True)
     if result.error:
-        log(cfg, "epilog", f"job {env.job_id}: push: {result.describe()}")
+        log(cfg, "epilog", f"job {env.job_id}: push: {result.error}")
+        count_internal_error(cfg)
 
 
 def main() -> int:

@@ -13,7 +13,7 @@ from ..checks import run_checks
 from ..config import Config
 from ..model import Finding, Verdict, worst
 from ..snapshot import take
-from .common import internal_errors, log, run_hook
+from .common import count_internal_error, internal_errors, log, run_hook
 from .env import JobEnv
 
 
@@ -80,13 +80,13 @@ def prolog(cfg: Config, env: JobEnv) -> int:
 def _push(cfg: Config, env: JobEnv, snap: Dict[str, Any], findings: List[Finding],
           record: Dict[str, Any], seconds: float) -> None:
     from ..sinks.exposition import render
-    from ..sinks.spool import deliver
+    from ..sinks.spool import deliver, stats
 
-    extra = {"hook_duration_seconds": seconds, "internal_errors_total": internal_errors(cfg),
-             "triage": env.triage, "peer": record.get("peer")}
+    extra = {"hook_duration_seconds": seconds, "internal_errors": internal_errors(cfg), **stats(cfg)}
     result = deliver(cfg, grouping(env, "prolog"), render(snap, findings, extra))
     if result.error:
-        log(cfg, "prolog", f"job {env.job_id}: push: {result.describe()}")
+        log(cfg, "prolog", f"job {env.job_id}: push: {result.error}")
+        count_internal_error(cfg)
 
 
 def grouping(env: JobEnv, phase: str) -> Dict[str, str]:
