@@ -3,4 +3,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, List
 
-REGISTER: List[Callable[[Any], None]] = []
+
+def _triage(sub: Any) -> None:
+    from .triage.cli import register
+
+    register(sub)
+
+
+REGISTER: List[Callable[[Any], None]] = [_triage]

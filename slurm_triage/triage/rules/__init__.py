@@ -1,0 +1,88 @@
+"""Triage rules over parsed log events: pure functions, registered explicitly so they can be listed.
+
+Each rule takes every :class:`LogEvent` of a job and returns findings; :func:`correlate` then
+applies "first failure wins": the earliest non-symptom finding is the root cause, and symptoms
+that usually follow another failure (collective timeouts, socket resets, Xid 45, a step
+cancelled by srun) point to it with ``caused_by``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Tuple
+
+from ...model import Verdict
+from ..model import LogEvent, TriageFinding
+from . import gpu, host, nccl, slurm
+
+RuleFn = Callable[[List[LogEvent]], List[TriageFinding]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    categories: Tuple[str, ...]
+    fn: RuleFn
+
+    @property
+    def doc(self) -> str:
+        return (self.fn.__doc__ or "").strip().splitlines()[0]
+
+
+RULES: Tuple[Rule, ...] = (
+    Rule("log.xid", ("gpu_hardware",), gpu.xid_events),
+    Rule("log.cuda_error", ("gpu_hardware",), gpu.cuda_errors),
+    Rule("log.oom", ("memory",), host.out_of_memory),
+    Rule("log.shm", ("host_resources",), host.shm_exhausted),
+    Rule("log.addr_in_use", ("config",), host.address_in_use),
+    Rule("log.ib_completion", ("network",), nccl.ib_completion_errors),
+    Rule("log.store_barrier", ("collective_hang", "config"), nccl.store_barrier_timeouts),
+    Rule("log.watchdog", ("collective_hang",), nccl.watchdog_timeouts),
+    Rule("log.heartbeat", ("collective_hang",), nccl.heartbeat_timeouts),
+    Rule("log.conn_reset", ("network",), nccl.connection_resets),
+    Rule("log.slurm_cancel", ("scheduler",), slurm.cancellations),
+)
+
+
+def _when(f: TriageFinding) -> Tuple[float, Tuple[int, int]]:
+    return (f.first_time if f.first_time is not None else float("inf"), f.first_order)
+
+
+def _after(f: TriageFinding, root: TriageFinding) -> bool:
+    """False only when both carry times and ``f`` clearly came first (1 s of clock slack)."""
+    if f.first_time is None or root.first_time is None:
+        return True
+    return f.first_time >= root.first_time - 1.0
+
+
+def correlate(findings: List[TriageFinding]) -> List[TriageFinding]:
+    """Rank findings root cause first, its consequences next, then the rest; set ``caused_by``."""
+    if not findings:
+        return []
+    primaries = [f for f in findings if not f.consequence] or findings
+    root = min(primaries, key=lambda f: (_when(f), f.tier))
+    children: List[TriageFinding] = []
+    others: List[TriageFinding] = []
+    for f in findings:
+        if f is root:
+            continue
+        same_node = f.node is None or root.node is None or f.node == root.node
+        if _after(f, root) and (f.consequence or (f.tier > root.tier and same_node)):
+            f.caused_by = root.id
+            children.append(f)
+        else:
+            others.append(f)
+    children.sort(key=_when)
+    others.sort(key=lambda f: (-f.verdict.severity, -f.confidence, _when(f)))
+    return [root] + children + others
+
+
+def run_rules(events: List[LogEvent], rules: Optional[Tuple[Rule, ...]] = None) -> List[TriageFinding]:
+    """Every rule over ``events``, correlated and ranked."""
+    out: List[TriageFinding] = []
+    for rule in rules or RULES:
+        out.extend(rule.fn(events))
+    return correlate(out)
+
+
+def worst_verdict(findings: List[TriageFinding]) -> Verdict:
+    return max((f.verdict for f in findings), key=lambda v: v.severity, default=Verdict.OK)

@@ -1,0 +1,41 @@
+"""Slurm's own verdicts printed into job logs: ``*** JOB 123 ON node CANCELLED AT ... DUE TO ... ***``."""
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+from ...model import Verdict
+from ..model import LogEvent, TriageFinding, from_events
+from .common import of_kind, only
+
+# reason -> (verdict, confidence, is a consequence of something else, summary, action)
+_REASONS = {
+    "TIME LIMIT": (Verdict.FAIL, 0.8, True, "job hit its time limit",
+                   "if the job stalled before the limit, see the earlier finding; else raise --time or checkpoint"),
+    "NODE FAILURE": (Verdict.FAIL, 0.85, False, "Slurm lost a node of the job (NODE_FAIL)",
+                     "check that node (slurmd/slurmctld logs, kernel log, power) before reusing it; requeue"),
+    "PREEMPTION": (Verdict.WARN, 0.9, False, "job was preempted by a higher-priority job",
+                   "expected under the partition's preemption policy; resume from the last checkpoint"),
+    None: (Verdict.WARN, 0.5, True, "job/step was cancelled (by a user, or by srun after a task failed)",
+           "look at the earlier findings; `sacct -j JOBID -o JobID,State,ExitCode,Reason` says who"),
+}
+
+
+def cancellations(events: List[LogEvent]) -> List[TriageFinding]:
+    """Cancellation banners grouped by reason: node failure and preemption are causes, the rest symptoms."""
+    groups: Dict[Optional[str], List[LogEvent]] = {}
+    for e in of_kind(events, "slurm_cancel"):
+        reason = e.fields.get("reason")
+        groups.setdefault(str(reason).strip() if reason else None, []).append(e)
+    out: List[TriageFinding] = []
+    for reason, evs in groups.items():
+        verdict, conf, consequence, summary, action = _REASONS.get(
+            reason, (Verdict.WARN, 0.6, False, f"job cancelled due to {reason}", "see sacct for the reason"))
+        nodes = sorted({e.node for e in evs if e.node})
+        key = (reason or "cancelled").lower().replace(" ", "_")
+        out.append(from_events(
+            evs, id=f"log.slurm.{key}", category="scheduler", verdict=verdict, confidence=conf,
+            node=only(nodes), summary=summary + (f" ({', '.join(nodes)})" if nodes else ""), action=action,
+            evidence={"reason": reason, "ids": sorted({str(e.fields["id"]) for e in evs}),
+                      "at": sorted({str(e.fields["at"]) for e in evs}), "nodes": nodes},
+            consequence=consequence))
+    return out

@@ -1,0 +1,95 @@
+"""The log reader on hostile input: gzip, NUL bytes, invalid UTF-8, huge lines, block boundaries."""
+from __future__ import annotations
+
+import gzip
+import os
+import subprocess
+from pathlib import Path
+
+from slurm_triage.triage import logs
+from slurm_triage.triage.logs import parse_time, scan, scan_many
+
+# Real line shapes (sources in tests/corpus/*/meta.json).
+WATCHDOG = (b"[rank4]:[E321 02:07:08.414640780 ProcessGroupNCCL.cpp:607] [Rank 4] Watchdog caught collective "
+            b"operation timeout: WorkNCCL(SeqNum=1580, OpType=ALLREDUCE, NumelIn=466119168, NumelOut=466119168, "
+            b"Timeout(ms)=600000) ran for 600067 milliseconds before timing out.")
+CANCEL = b"slurmstepd: error: *** JOB 867816 ON c0700a-s1 CANCELLED AT 2021-05-11T12:06:17 DUE TO TIME LIMIT ***"
+STEP = b"[2024-05-01 12:00:00,123] INFO step 1234 | loss 2.345 | lr 3.0e-4 | grad_norm 1.23"
+
+
+def test_plain_file_line_numbers_and_fields(tmp_path: Path) -> None:
+    p = tmp_path / "a.log"
+    p.write_bytes(b"\n".join([STEP] * 10 + [WATCHDOG] + [STEP] * 5 + [CANCEL]) + b"\n")
+    events, st = scan(str(p))
+    assert [(e.kind, e.line) for e in events] == [("watchdog_timeout", 11), ("slurm_cancel", 17)]
+    w = events[0]
+    assert (w.rank, w.fields["seq"], w.fields["op"], w.fields["timeout_ms"]) == (4, 1580, "ALLREDUCE", 600000)
+    assert events[1].node == "c0700a-s1" and events[1].fields["reason"] == "TIME LIMIT"
+    assert st.lines == 17 and st.bytes == p.stat().st_size
+
+
+def test_gzip_is_detected_by_magic_not_name(tmp_path: Path) -> None:
+    p = tmp_path / "job.out"  # no .gz suffix
+    p.write_bytes(gzip.compress(STEP + b"\n" + CANCEL + b"\n"))
+    events, _ = scan(str(p))
+    assert [(e.kind, e.line) for e in events] == [("slurm_cancel", 2)]
+
+
+def test_nul_invalid_utf8_and_binary_garbage(tmp_path: Path) -> None:
+    garbage = bytes(range(256)) * 64  # contains \n and \x1f\x8b, but not at the start
+    p = tmp_path / "g.log"
+    p.write_bytes(b"\xff\xfe\x00\x00" + STEP + b"\x00\xc3\x28\n" + garbage + b"\n" + b"\x00" * 10 + CANCEL + b"\n")
+    events, _ = scan(str(p))
+    assert [e.kind for e in events] == ["slurm_cancel"]
+    assert "\x00" not in events[0].text
+
+
+def test_huge_line_is_capped_and_following_lines_still_found(tmp_path: Path) -> None:
+    p = tmp_path / "h.log"
+    huge = b"x" * (3 * logs.MAX_CARRY_BYTES) + WATCHDOG + b"y" * (2 * logs.BLOCK_BYTES)
+    p.write_bytes(STEP + b"\n" + huge + b"\n" + CANCEL + b"\n")
+    events, _ = scan(str(p))
+    kinds = [(e.kind, e.line) for e in events]
+    assert ("watchdog_timeout", 2) in kinds and ("slurm_cancel", 3) in kinds
+    assert all(len(e.text) <= logs.MAX_LINE_BYTES for e in events)
+
+
+def test_hits_across_block_boundaries(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(logs, "BLOCK_BYTES", 100)  # every line straddles a block edge
+    p = tmp_path / "b.log"
+    p.write_bytes(b"\n".join([STEP, WATCHDOG, STEP, CANCEL, STEP]))  # no final newline
+    events, st = scan(str(p))
+    assert [(e.kind, e.line) for e in events] == [("watchdog_timeout", 2), ("slurm_cancel", 4)]
+    assert st.lines == 5
+
+
+def test_unreadable_sources_are_reported_not_raised(tmp_path: Path) -> None:
+    good = tmp_path / "ok.log"
+    good.write_bytes(CANCEL + b"\n")
+    bad_gz = tmp_path / "bad.gz"
+    bad_gz.write_bytes(b"\x1f\x8b\x08\x00garbage")
+    events, sources = scan_many([str(tmp_path / "missing.log"), str(good), str(bad_gz)])
+    assert len(events) == 1 and events[0].file_index == 1
+    assert sources[str(tmp_path / "missing.log")]["read"] is False
+    assert "FileNotFoundError" in sources[str(tmp_path / "missing.log")]["error"]
+    assert sources[str(bad_gz)]["read"] is False and sources[str(good)]["read"] is True
+
+
+def test_parse_time_formats() -> None:
+    assert parse_time("2021-10-27T19:35:36 x", None) == (1635363336.0, 2021)
+    # PyTorch's glog stamp does not zero-pad the month: E321 = March 21, E1206 = December 6.
+    assert parse_time("[rank0]:[E321 02:07:08.5 ProcessGroupNCCL.cpp:607]", 2024) == (1710986828.5, None)
+    assert parse_time("[rank0]:[E1206 18:44:12.715298746 ProcessGroupNCCL.cpp:607]", 2024)[0] == 1733510652.715298746
+    assert parse_time("Sep 28 23:34:26 host kernel: NVRM", 2023)[0] == 1695944066.0
+    assert parse_time("no time here", None) == (None, None)
+
+
+def test_grep_pattern_matches_the_same_lines(tmp_path: Path) -> None:
+    """The benchmark's grep -E pattern selects exactly the candidate lines of the scanner."""
+    p = tmp_path / "m.log"
+    lines = [STEP, WATCHDOG, STEP, CANCEL, b"srun: error: n1: task 0: Out Of Memory", STEP]
+    p.write_bytes(b"\n".join(lines) + b"\n")
+    out = subprocess.run(["grep", "-c", "-E", logs.grep_pattern(), str(p)], capture_output=True, text=True,
+                         env={**os.environ, "LC_ALL": "C"})
+    _, st = scan(str(p))
+    assert int(out.stdout) == st.candidate_lines == 3

@@ -1,0 +1,142 @@
+"""Rules and "first failure wins" on combinations of real log line shapes (sources: tests/corpus)."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from slurm_triage.triage import cli, triage_logs
+from slurm_triage.triage.logs import parse_line
+from slurm_triage.triage.model import LogEvent
+from slurm_triage.triage.rules import RULES, run_rules
+
+XID79 = "Sep 28 23:34:26 gpu-a17 kernel: NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus"
+XID45 = "Sep 28 23:34:30 gpu-a17 kernel: NVRM: Xid (PCI:0000:44:00): 45, pid=8156, Ch 00000010"
+CUDA_ECC = "[2000-09-28 23:34:31] RuntimeError: CUDA error: uncorrectable ECC error encountered"
+OOM = "[2024-05-02 10:00:00] slurmstepd: error: Detected 1 oom_kill event in StepId=77.0. Some of the step tasks have been OOM Killed."
+WD = ("[rank{r}]:[E502 10:10:00.1 ProcessGroupNCCL.cpp:607] [Rank {r}] Watchdog caught collective operation timeout: "
+      "WorkNCCL(SeqNum={s}, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600013 milliseconds "
+      "before timing out.")
+RESET = "[2024-05-02 10:10:01] gpu-b02:3468:3905 [4] NCCL INFO misc/socket.cc:47 -> 6 Connection reset by peer"
+INIT = ("{host}:984:1257 [{d}] NCCL INFO comm 0x557fe785f7a0 rank {r} nranks {n} cudaDev {d} nvmlDev {d} busId 9b000 "
+        "commId 0x5ae77eb5ea4ec1ee - Init COMPLETE")
+
+
+def events(*lines: str) -> List[LogEvent]:
+    out: List[LogEvent] = []
+    year = None
+    for i, text in enumerate(lines, 1):
+        evs, y = parse_line(text, "job.out", i, 0, year)
+        year = y or year
+        out += evs
+    return out
+
+
+def test_rules_are_listed_with_unique_ids_and_docs() -> None:
+    ids = [r.id for r in RULES]
+    assert len(ids) == len(set(ids)) and all(r.doc for r in RULES)
+
+
+def test_fatal_xid_is_root_and_xid45_and_cuda_error_follow() -> None:
+    f = run_rules(events(XID79, XID45, CUDA_ECC))
+    assert f[0].id == "log.xid.79.0000:44:00.0" and f[0].category == "gpu_hardware" and f[0].node == "gpu-a17"
+    assert {x.id: x.caused_by for x in f[1:]} == {"log.xid.45.0000:44:00.0": f[0].id,
+                                                  "log.cuda_error.uncorrectable_ECC_error": f[0].id}
+
+
+def test_oom_then_watchdog_and_resets_point_to_the_oom() -> None:
+    f = run_rules(events(OOM, WD.format(r=0, s=5), WD.format(r=1, s=5), RESET))
+    assert f[0].id == "log.oom.host" and f[0].category == "memory"
+    assert [(x.id, x.caused_by) for x in f[1:]] == [("log.watchdog", "log.oom.host"),
+                                                    ("log.conn_reset", "log.oom.host")]
+
+
+def test_time_order_beats_file_order() -> None:
+    """A CUDA error logged later in the file but earlier in time is still the root."""
+    early = "[2024-05-02 09:00:00] [rank3]: RuntimeError: CUDA error: an illegal memory access was encountered"
+    late_oom = "[2024-05-02 11:00:00] srun: error: gpu-b02: task 3: Out Of Memory"
+    f = run_rules(events(late_oom, early))
+    assert f[0].id.startswith("log.cuda_error") and f[0].rank == 3 and f[1].caused_by is None
+
+
+def test_watchdog_lagging_rank_mapped_to_node() -> None:
+    lines = [INIT.format(host="gpu-b01", r=0, n=3, d=0), INIT.format(host="gpu-b02", r=1, n=3, d=0),
+             INIT.format(host="gpu-b03", r=2, n=3, d=0),
+             WD.format(r=0, s=120), WD.format(r=1, s=97), WD.format(r=2, s=120)]
+    f = run_rules(events(*lines))
+    assert f[0].id == "log.watchdog" and f[0].rank == 1 and f[0].node == "gpu-b02"
+    assert f[0].evidence["last_seq_by_rank"] == {"0": 120, "1": 97, "2": 120}
+
+
+def test_watchdog_silent_rank_is_the_suspect() -> None:
+    lines = [INIT.format(host="gpu-b01", r=0, n=2, d=0), INIT.format(host="gpu-b02", r=1, n=2, d=1),
+             WD.format(r=0, s=7)]
+    f = run_rules(events(*lines))
+    assert f[0].evidence["silent_ranks"] == [1] and f[0].node == "gpu-b02" and f[0].rank == 1
+
+
+@pytest.mark.parametrize("line,status,name,consequence", [
+    ("h1:1:2 [0] NCCL WARN NET/IB : Got completion from peer 10.0.0.2<5> with status=12 opcode=0 len=0 vendor err 129 (Recv)",
+     12, "transport retry counter exceeded", False),
+    ("h1:1:2 [1] NCCL WARN NET/IB : Got completion from peer fe80::1%ib0<3> with error 4, opcode 32564, len 32564, vendor err 81 (Send)",
+     4, "local protection error", False),
+    ("h1:1:2 [1] NCCL WARN NET/IB : Got completion from peer 10.0.0.2<5> with error 5, opcode 0, len 0, vendor err 249 (Recv)",
+     5, "work request flushed", True),
+])
+def test_ib_status_decoded(line: str, status: int, name: str, consequence: bool) -> None:
+    (f,) = run_rules(events(line))
+    assert (f.evidence["status"], f.evidence["status_name"], f.consequence, f.node) == (status, name, consequence, "h1")
+
+
+def test_preemption_and_node_failure_are_causes() -> None:
+    pre = "slurmstepd: error: *** JOB 99 ON gpu-c01 CANCELLED AT 2024-05-02T10:00:00 DUE TO PREEMPTION ***"
+    nf = "slurmstepd: error: *** JOB 98 ON gpu-c02 CANCELLED AT 2024-05-02T09:00:00 DUE TO NODE FAILURE ***"
+    f = run_rules(events(pre, nf))
+    assert [x.id for x in f] == ["log.slurm.node_failure", "log.slurm.preemption"]
+    assert f[0].node == "gpu-c02" and f[1].caused_by is None
+
+
+def _run(*argv: str) -> int:
+    p = argparse.ArgumentParser()
+    cli.register(p.add_subparsers())
+    args = p.parse_args(["triage", *argv])
+    return args.func(args)
+
+
+def test_cli_exit_codes_and_formats(tmp_path: Path, capsys) -> None:
+    clean = tmp_path / "clean.out"
+    clean.write_text("step 1 loss 2.0\nstep 2 loss 1.9\n")
+    bad = tmp_path / "bad.out"
+    bad.write_text("\n".join([OOM, WD.format(r=0, s=5), RESET]) + "\n")
+    assert _run("--log", str(clean)) == 0
+    assert "no known failure" in capsys.readouterr().out
+    assert _run("--log", str(bad), "--format", "json") == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schema"] == 1 and doc["job"] is None and doc["findings"][0]["category"] == "memory"
+    assert set(doc["findings"][0]) == {"id", "category", "verdict", "confidence", "node", "gpu", "rank", "summary",
+                                       "evidence", "action", "caused_by"}
+    assert doc["findings"][0]["evidence"]["lines"][0].startswith(f"{bad}:1: ")
+    assert doc["sources"]["logs"][str(bad)]["read"] is True
+    assert _run("--log", str(bad)) == 1
+    text = capsys.readouterr().out
+    assert text.index("ROOT CAUSE [memory]") < text.index("follows from log.oom.host")
+    assert _run("--log", str(bad), "--format", "markdown") == 1
+    assert capsys.readouterr().out.startswith("# Triage of logs\n\n## Root cause: host memory exhausted")
+
+
+def test_cli_cannot_triage(tmp_path: Path, capsys) -> None:
+    assert _run() == 2
+    assert _run("--log", str(tmp_path / "nope.log")) == 2
+    assert "could not triage" in capsys.readouterr().err
+    assert _run("12;rm") == 2
+    assert _run("--list-rules") == 0 and "log.watchdog" in capsys.readouterr().out
+
+
+def test_triage_result_json_roundtrip(tmp_path: Path) -> None:
+    p = tmp_path / "x.log"
+    p.write_text(XID79 + "\n")
+    r = triage_logs([str(p)], job="123")
+    assert json.loads(json.dumps(r.to_dict()))["findings"][0]["gpu"] == "0000:44:00.0"
