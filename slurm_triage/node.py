@@ -65,8 +65,9 @@ def push_report(cfg: Config, report: NodeReport, grouping: Dict[str, str]) -> st
 
 def render_text(report: NodeReport) -> str:
     """A table an admin reads at a glance: worst first, the action under each finding."""
-    lines = [f"{report.node}: {report.verdict.value}  ({len(report.findings)} findings, "
-             f"{report.seconds:.2f} s)"]
+    shown = [f for f in report.findings if f.verdict != Verdict.OK]
+    lines = [f"{report.node}: {report.verdict.value}  ({len(shown)} findings, "
+             f"{len(report.findings) - len(shown)} checks reported OK, {report.seconds:.2f} s)"]
     gpus = (report.snapshot.get("gpu") or {}).get("gpus") or []
     by_uuid = {g.get("uuid"): g for g in gpus}
     if gpus:
@@ -74,10 +75,10 @@ def render_text(report: NodeReport) -> str:
                      f"{(report.snapshot.get('gpu') or {}).get('driver_version', '?')}")
     for w in report.warnings:
         lines.append(f"  warning: {w}")
-    if report.findings:
+    if shown:
         lines.append("")
         lines.append(f"  {'VERDICT':<8} {'CHECK':<22} {'WHERE':<28} SUMMARY")
-    for f in report.findings:
+    for f in shown:
         where = ""
         if f.gpu:
             g = by_uuid.get(f.gpu, {})

@@ -49,4 +49,8 @@ def take(cfg: Config, sections: Optional[Sequence[str]] = None,
             snap[name] = r.value
         else:
             snap["errors"][name] = r.error
+    if snap["gpu"]:
+        from .inventory import update
+
+        update(cfg.get("node", "state_dir"), snap["gpu"], t0)
     return snap

@@ -53,7 +53,7 @@ def gpu_count(facts: Facts, cfg: Config) -> List[Finding]:
 @check("gpu.lost", needs=("gpu",))
 def gpu_lost(facts: Facts, cfg: Config) -> List[Finding]:
     """A GPU answers NVML_ERROR_GPU_IS_LOST (fallen off the bus / unreachable)."""
-    return [Finding("gpu.lost", Verdict.FAIL, f"{_who(g)} is lost: NVML answers GPU_IS_LOST", gpu=g.get("uuid"),
+    return [Finding("gpu.lost", Verdict.FAIL, f"{_who(g)} is lost: NVML answers GPU_IS_LOST (fallen off the bus, Xid 79)", gpu=g.get("uuid"),
                     evidence=_evidence(facts, g, errors=g.get("errors", {})),
                     action="drain the node; check the kernel log for Xid 79 on this bus id; power-cycle "
                            "(a reset does not bring it back), then reseat or RMA the GPU if it recurs",

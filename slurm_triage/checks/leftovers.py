@@ -112,14 +112,13 @@ def gpu_orphan_process(facts: Facts, cfg: Config) -> List[Finding]:
     for g in facts["gpu"].get("gpus", []):
         for gp in g.get("processes") or []:
             p = by_pid.get(gp["pid"])
-            if p is not None and p.get("job_id") in running:
+            # A pid NVML reports but /proc does not show lives in another PID namespace
+            # (a container): nothing here can tell whose it is, so it is not judged.
+            if p is None or p.get("job_id") in running:
                 continue
-            if p is None:
-                verdict, what = Verdict.WARN, "is not visible in /proc (another PID namespace?)"
-            else:
-                verdict = Verdict.FAIL
-                what = (f"({p['comm']}, uid {p['uid']}) belongs to job {p['job_id']}, which no longer runs"
-                        if p.get("job_id") else f"({p['comm']}, uid {p['uid']}) belongs to no Slurm job")
+            verdict = Verdict.FAIL
+            what = (f"({p['comm']}, uid {p['uid']}) belongs to job {p['job_id']}, which no longer runs"
+                    if p.get("job_id") else f"({p['comm']}, uid {p['uid']}) belongs to no Slurm job")
             out.append(Finding(
                 id="gpu.orphan_process", verdict=verdict, gpu=g["uuid"], pid=gp["pid"],
                 summary=f"GPU {g['index']} ({g['uuid']}): compute process {gp['pid']} {what}",
