@@ -1,6 +1,7 @@
 """Shared fixtures: the fake NVML library, a real Pushgateway, config files, the CLI."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import socket
@@ -15,6 +16,20 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FAKENVML = ROOT / "tests" / "fakenvml"
 SCENARIOS = FAKENVML / "scenarios"
+
+
+@pytest.fixture(autouse=True)
+def private_state_dirs(request, tmp_path_factory, monkeypatch):
+    """Defaults point at /var/lib and /var/spool: tests get their own, never the machine's."""
+    from slurm_triage import config
+
+    if request.module.__name__ == "test_config":
+        return  # it checks the real defaults and never writes state
+
+    base = tmp_path_factory.mktemp("defaults")
+    for key, sub in (("state_dir", "state"), ("spool_dir", "spool")):
+        monkeypatch.setitem(config.SCHEMA["node"], key,
+                            dataclasses.replace(config.SCHEMA["node"][key], default=str(base / sub)))
 
 
 @pytest.fixture(scope="session")
