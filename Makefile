@@ -3,8 +3,23 @@
 LAB_DIR ?= /tmp/slurm-lab
 export LAB_DIR
 PYTHON := .venv/bin/python
+# The venv is made from the system interpreter, not a per-user one (pyenv under /root):
+# Prologs run it as root and SPANK helpers as the job's user, so everyone must reach it.
+BASE_PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || command -v python3)
 
-.PHONY: lab-up lab-status lab-down test demo
+.PHONY: install venv spank lab-up lab-status lab-down test demo
+
+# The admin's install: the venv the hook scripts run, and the SPANK plugin.
+install: venv spank
+
+venv: .venv/bin/python
+.venv/bin/python: setup.py
+	$(BASE_PYTHON) -m venv .venv
+	.venv/bin/pip install -q -e '.[test]'
+	@touch $@
+
+spank:
+	$(MAKE) -s -C spank
 
 lab-up:
 	bash lab/up.sh

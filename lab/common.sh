@@ -42,3 +42,11 @@ lab_pid() {
   cmd=$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null) || return 1
   case "$cmd" in *"$2"*) echo "$pid" ;; *) return 1 ;; esac
 }
+
+# spawn PIDFILE LOG CMD...: start a daemon that does not daemonize itself in a session of
+# its own (so it outlives the shell that started it, like the Slurm daemons do), with the
+# minimal environment, and record its pid: the sh writes its own pid, then execs CMD.
+spawn() {
+  local pidfile=$1 logfile=$2; shift 2
+  "${CLEAN_ENV[@]}" setsid sh -c 'echo $$ > "$0"; exec "$@"' "$pidfile" "$@" >"$logfile" 2>&1 </dev/null &
+}

@@ -94,12 +94,8 @@ SLURM_VERSION=$(slurmd -V | awk '{print $2}')
 phase_done "packages"
 
 # --- 2. repo venv, fake NVML, test user ------------------------------------------------
-if [ ! -x "$REPO/.venv/bin/python" ]; then
-  log "creating $REPO/.venv"
-  python3 -m venv "$REPO/.venv"
-  "$REPO/.venv/bin/pip" install -q -e "$REPO"
-fi
-[ -f "$REPO/tests/fakenvml/Makefile" ] && make -s -C "$REPO/tests/fakenvml"
+make -s -C "$REPO" venv spank
+make -s -C "$REPO/tests/fakenvml"
 if ! id -u "$TEST_USER" >/dev/null 2>&1; then
   uid_opt=(-u "$TEST_UID"); getent passwd "$TEST_UID" >/dev/null && uid_opt=()
   useradd -m -d "/home/$TEST_USER" -s /bin/bash "${uid_opt[@]}" "$TEST_USER"
@@ -147,6 +143,10 @@ fi
   fi
 } > "$E/cgroup.conf"
 [ -e "$E/plugstack.conf" ] || echo "include $E/plugstack.conf.d/*.conf" > "$E/plugstack.conf"
+# The SPANK plugin, as etc/plugstack.conf.d/slurm-triage.conf shows an admin (without
+# --triage it does nothing); tests may rewrite this file, srun re-reads it every step.
+echo "required $REPO/spank/slurm_triage_spank.so python=$REPO/.venv/bin/python config=$E/slurm-triage.toml gate_timeout=30 hook_timeout=10" \
+  > "$E/plugstack.conf.d/slurm-triage.conf"
 render "$HERE/etc/slurm-triage.toml.in" "$E/slurm-triage.toml"
 render "$HERE/etc/prometheus.yml.in" "$LAB_DIR/prom/prometheus.yml"
 [ -s "$LAB_DIR/db/pass" ] || { umask 077; head -c 18 /dev/urandom | base64 | tr -d '/+=' > "$LAB_DIR/db/pass"; umask 022; }
@@ -198,11 +198,10 @@ if [ ! -d "$DB/data/mysql" ]; then
     --auth-root-authentication-method=socket >"$LAB_DIR/log/mariadb-install.log" 2>&1 \
     || die "mariadb-install-db failed: $LAB_DIR/log/mariadb-install.log"
 fi
-"${CLEAN_ENV[@]}" nohup /usr/sbin/mariadbd --no-defaults --user=mysql --datadir="$DB/data" \
+spawn "$RUN/mariadbd.pid" /dev/null /usr/sbin/mariadbd --no-defaults --user=mysql --datadir="$DB/data" \
   --socket="$DBSOCK" --pid-file="$DB/mariadbd.pid" --bind-address=127.0.0.1 --port="$DB_PORT" \
   --skip-name-resolve --skip-log-bin --performance-schema=OFF --innodb-buffer-pool-size=128M \
-  --innodb-log-file-size=64M --innodb-lock-wait-timeout=900 --log-error="$DB/mariadbd.log" >/dev/null 2>&1 < /dev/null &
-echo $! > "$RUN/mariadbd.pid"
+  --innodb-log-file-size=64M --innodb-lock-wait-timeout=900 --log-error="$DB/mariadbd.log"
 wait_for 60 "mariadbd" mariadb-admin --no-defaults -S "$DBSOCK" -u root ping
 mariadb --no-defaults -S "$DBSOCK" -u root <<SQL
 CREATE DATABASE IF NOT EXISTS slurm_acct_db;
@@ -233,17 +232,14 @@ phase_done "slurmd x$LAB_NODES"
 
 # --- 8. Pushgateway, node_exporter, Prometheus -----------------------------------------------
 P="$LAB_DIR/prom"
-"${CLEAN_ENV[@]}" nohup prometheus-pushgateway --web.listen-address="127.0.0.1:$PUSHGW_PORT" \
-  --persistence.file="$P/pushgateway.store" --persistence.interval=5s \
-  >"$LAB_DIR/log/pushgateway.log" 2>&1 < /dev/null &
-echo $! > "$RUN/pushgateway.pid"
-"${CLEAN_ENV[@]}" nohup prometheus-node-exporter --web.listen-address="127.0.0.1:$NODE_EXPORTER_PORT" \
-  --collector.textfile.directory="$P/textfile" >"$LAB_DIR/log/node-exporter.log" 2>&1 < /dev/null &
-echo $! > "$RUN/node-exporter.pid"
-"${CLEAN_ENV[@]}" nohup prometheus --config.file="$P/prometheus.yml" --storage.tsdb.path="$P/data" \
-  --web.listen-address="127.0.0.1:$PROM_PORT" --web.enable-admin-api --web.enable-lifecycle \
-  >"$LAB_DIR/log/prometheus.log" 2>&1 < /dev/null &
-echo $! > "$RUN/prometheus.pid"
+spawn "$RUN/pushgateway.pid" "$LAB_DIR/log/pushgateway.log" prometheus-pushgateway \
+  --web.listen-address="127.0.0.1:$PUSHGW_PORT" --web.enable-admin-api \
+  --persistence.file="$P/pushgateway.store" --persistence.interval=5s
+spawn "$RUN/node-exporter.pid" "$LAB_DIR/log/node-exporter.log" prometheus-node-exporter \
+  --web.listen-address="127.0.0.1:$NODE_EXPORTER_PORT" --collector.textfile.directory="$P/textfile"
+spawn "$RUN/prometheus.pid" "$LAB_DIR/log/prometheus.log" prometheus --config.file="$P/prometheus.yml" \
+  --storage.tsdb.path="$P/data" --web.listen-address="127.0.0.1:$PROM_PORT" --web.enable-admin-api \
+  --web.enable-lifecycle
 wait_for 20 "pushgateway" curl -sf "http://127.0.0.1:$PUSHGW_PORT/-/ready"
 wait_for 20 "node_exporter" curl -sf -o /dev/null "http://127.0.0.1:$NODE_EXPORTER_PORT/metrics"
 wait_for 30 "prometheus" curl -sf "http://127.0.0.1:$PROM_PORT/-/ready"

@@ -10,4 +10,10 @@ def _triage(sub: Any) -> None:
     register(sub)
 
 
-REGISTER: List[Callable[[Any], None]] = [_triage]
+def _gate(sub: Any) -> None:
+    from .gate import register
+
+    register(sub)
+
+
+REGISTER: List[Callable[[Any], None]] = [_gate, _triage]

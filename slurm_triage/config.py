@@ -102,6 +102,25 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
         "cleanup_grace_seconds": Key(float, 3.0, "Epilog: time between SIGTERM and SIGKILL.", _non_negative),
         "sample_seconds": Key(float, 2.0, "Prolog with --triage: NVML sampling window for stuck clocks, throttling, idle power.", _non_negative),
     },
+    "gate": {
+        "deadline_seconds": Key(float, 10.0, "srun --triage / gang-check: wait at most this long for every node's Prolog verdict (keep it below the plugin's gate_timeout).", _positive),
+        "on_unreachable": Key(str, "warn", "No Pushgateway answer and no readable state: \"warn\" (launch anyway) or \"block\".", _one_of("warn", "block")),
+        "idle_temp_outlier_celsius": Key(float, 10.0, "Flag a node whose idle GPU temperature is this far above the gang's median.", _positive),
+        "block_on": Key(str, "fail", "Block the step on \"fail\" only, or on \"warn\" too (peer outliers are WARN).", _one_of("fail", "warn")),
+    },
+    "watcher": {
+        "interval_seconds": Key(float, 5.0, "Sampling interval of the in-step watcher (srun --triage).", _positive),
+        "hang_window_seconds": Key(float, 60.0, "Power-axiom hang: util high and power low on the step's GPUs for this long.", _positive),
+        "hang_util_percent": Key(float, 90.0, "Power-axiom hang: utilization at or above this.", _positive),
+        "hang_power_ratio": Key(float, 0.35, "Power-axiom hang: power at or below this fraction of the limit.", _positive),
+        "hang_gpu_fraction": Key(float, 1.0, "Power-axiom hang: fraction of the step's GPUs that must show it.", _positive),
+        "straggler_window_seconds": Key(float, 60.0, "Thermal/throttle straggler: window over which a GPU is mostly slowed down.", _positive),
+        "thread_window_seconds": Key(float, 120.0, "Thread leak: window over which the step's thread count keeps growing.", _positive),
+        "thread_growth_threshold": Key(int, 64, "Thread leak: growth over the window that counts as a leak.", _positive),
+        "run_dir": Key(str, "/tmp", "Where the watcher keeps its pidfile (a per-user directory is made inside).", _absolute_or_empty),
+        "evidence_dir": Key(str, "/tmp", "Where hang evidence bundles go (a per-user, per-job directory is made inside).", _absolute_or_empty),
+        "pyspy_timeout_seconds": Key(float, 10.0, "Deadline of one `py-spy dump` of a rank in an evidence bundle.", _positive),
+    },
     "pushgateway": {
         "url": Key(str, "", "Pushgateway base URL, e.g. http://127.0.0.1:9091; empty: do not push.", _url_or_empty),
         "timeout_seconds": Key(float, 2.0, "Per-request timeout; a down gateway costs at most this per push.", _positive),
@@ -175,8 +194,12 @@ def defaults() -> Dict[str, Dict[str, Any]]:
             for sec, keys in SCHEMA.items()}
 
 
-def parse(text: str, path: str = "<string>") -> Dict[str, Dict[str, Any]]:
-    """Validate TOML text against SCHEMA; raise ConfigError naming file, key and line."""
+def parse(text: str, path: str = "<string>", errors: Optional[List[ConfigError]] = None) -> Dict[str, Dict[str, Any]]:
+    """Validate TOML text against SCHEMA; raise ConfigError naming file, key and line.
+
+    With an ``errors`` list (the hooks), a bad key or section is recorded there and left at
+    its default instead, so one typo does not throw away the rest of the file.
+    """
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -184,25 +207,36 @@ def parse(text: str, path: str = "<string>") -> Dict[str, Dict[str, Any]]:
         raise ConfigError(f"not valid TOML: {e}", path, line=int(m.group(1)) if m else None) from None
     lines = _key_lines(text)
     values = defaults()
+
+    def bad(err: ConfigError) -> None:
+        if errors is None:
+            raise err
+        errors.append(err)
+
     for section, table in data.items():
         if section not in SCHEMA:
-            raise ConfigError(f"unknown section [{section}] (known: {', '.join(SCHEMA)})", path,
-                              section, lines.get((section, "")))
+            bad(ConfigError(f"unknown section [{section}] (known: {', '.join(SCHEMA)})", path,
+                            section, lines.get((section, ""))))
+            continue
         if not isinstance(table, dict):
-            raise ConfigError("must be a table", path, section, lines.get(("", section)))
+            bad(ConfigError("must be a table", path, section, lines.get(("", section))))
+            continue
         for k, v in table.items():
             name = f"{section}.{k}"
             line = lines.get((section, k))
             key = SCHEMA[section].get(k)
             if key is None:
-                raise ConfigError(f"unknown key (known in [{section}]: {', '.join(SCHEMA[section])})", path, name, line)
+                bad(ConfigError(f"unknown key (known in [{section}]: {', '.join(SCHEMA[section])})", path, name, line))
+                continue
             try:
                 v = _coerce(key, v)
             except TypeError:
-                raise ConfigError(f"expected {key.type.__name__}, got {type(v).__name__} {v!r}", path, name, line) from None
+                bad(ConfigError(f"expected {key.type.__name__}, got {type(v).__name__} {v!r}", path, name, line))
+                continue
             problem = key.check(v) if key.check else None
             if problem:
-                raise ConfigError(f"{problem}, got {v!r}", path, name, line)
+                bad(ConfigError(f"{problem}, got {v!r}", path, name, line))
+                continue
             values[section][k] = v
     return values
 
@@ -227,8 +261,9 @@ def resolve_path(explicit: Optional[str] = None) -> Optional[str]:
 def load(explicit: Optional[str] = None, fail_open: bool = False) -> Config:
     """Load and validate the config.
 
-    ``fail_open`` (hooks): a broken file yields the defaults plus a warning instead of an
-    exception, because a config typo must never drain the fleet.
+    ``fail_open`` (hooks): a bad key falls back to its default, an unreadable or unparsable
+    file to all defaults, each with a warning instead of an exception, because a config
+    typo must never drain the fleet.
     """
     path = resolve_path(explicit)
     cfg = Config(defaults())
@@ -236,13 +271,15 @@ def load(explicit: Optional[str] = None, fail_open: bool = False) -> Config:
         try:
             with open(path, encoding="utf-8") as fh:
                 text = fh.read()
-            cfg = Config(parse(text, path), source=path)
+            errors: List[ConfigError] = []
+            cfg = Config(parse(text, path, errors if fail_open else None), source=path)
+            cfg.warnings.extend(f"{e}; using the default for it" for e in errors)
         except (OSError, UnicodeDecodeError) as e:
             err: Exception = ConfigError(f"cannot read: {e}", path)
             if not fail_open:
                 raise err from None
             cfg.warnings.append(f"{err}; using built-in defaults")
-        except ConfigError as e:
+        except ConfigError as e:  # TOML syntax: nothing in the file can be trusted
             if not fail_open:
                 raise
             cfg.warnings.append(f"{e}; using built-in defaults")

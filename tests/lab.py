@@ -121,6 +121,10 @@ class Lab:
         for node in self.nodes:
             if self.scenario(node) != DEFAULT_SCENARIO:
                 self.set_scenario(node, DEFAULT_SCENARIO)
+        # An Epilog still running from a faulty scenario may drain again after a resume:
+        # resume only once nothing is completing.
+        for node in self.nodes:
+            self.wait_node(node, lambda s: "COMPLETING" not in s, timeout)
             if any(w in self.node_state(node) for w in ("DRAIN", "DOWN", "FAIL")):
                 self.resume(node)
         self.wait_idle(timeout=timeout)

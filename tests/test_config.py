@@ -1,7 +1,6 @@
 """Config: schema validation with file/key/line, search order, fail-open, the example file."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
@@ -59,14 +58,25 @@ def test_toml_syntax_error_names_line():
     assert e.value.line == 2 and "not valid TOML" in str(e.value)
 
 
-def test_fail_open_falls_back_to_defaults_and_says_so(write_config):
-    p = write_config("[gpu]\ndeadline_seconds = 'soon'\n")
+def test_fail_open_defaults_only_the_bad_keys_and_says_so(write_config):
+    p = write_config("[gpu]\ndeadline_seconds = 'soon'\nexpected_count = 8\n[nope]\nx = 1\n"
+                     "[pushgateway]\nurl = \"http://127.0.0.1:9091\"\n")
     cfg = load(str(p), fail_open=True)
-    assert cfg.get("gpu", "deadline_seconds") == 5.0
-    assert len(cfg.warnings) == 1 and "gpu.deadline_seconds" in cfg.warnings[0]
-    assert "using built-in defaults" in cfg.warnings[0]
+    assert cfg.get("gpu", "deadline_seconds") == 5.0  # the bad key: its default
+    assert cfg.get("gpu", "expected_count") == 8  # the good keys survive
+    assert cfg.get("pushgateway", "url") == "http://127.0.0.1:9091"
+    assert len(cfg.warnings) == 2
+    assert "gpu.deadline_seconds" in cfg.warnings[0] and ":2:" in cfg.warnings[0]
+    assert "unknown section [nope]" in cfg.warnings[1]
     with pytest.raises(ConfigError):
         load(str(p))
+
+
+def test_fail_open_syntax_error_uses_all_defaults(write_config):
+    p = write_config("[gpu\nexpected_count = 8\n")
+    cfg = load(str(p), fail_open=True)
+    assert cfg.get("gpu", "expected_count") == -1
+    assert len(cfg.warnings) == 1 and "using built-in defaults" in cfg.warnings[0]
 
 
 def test_unreadable_file_fails_open_in_hooks(tmp_path):

@@ -67,10 +67,13 @@ def test_gpu_diff_energy_temperature_and_new_remap():
     assert d["GPU-gone"] == {"missing_at": "end"}
 
 
-def test_drain_reason_names_gpu_and_counts_the_rest():
-    fails = [Finding("kernel.xid", Verdict.FAIL, "Xid 79: GPU has fallen off the bus", gpu="GPU-3f2a"),
-             Finding("gpu.lost", Verdict.FAIL, "GPU lost", gpu="GPU-3f2a")]
+def test_drain_reason_names_gpu_kernel_word_first_and_counts_the_rest():
+    fails = [Finding("gpu.lost", Verdict.FAIL, "GPU 3 (GPU-3f2a, 0000:5d:00.0) is lost: NVML answers GPU_IS_LOST",
+                     gpu="GPU-3f2a"),
+             Finding("kernel.xid", Verdict.FAIL, "Xid 79 on GPU 3 (GPU-3f2a, 0000:5d:00.0): GPU has fallen off the bus",
+                     gpu="GPU-3f2a")]
     assert drain_reason(fails) == "GPU-3f2a Xid 79: GPU has fallen off the bus (+1 more)"
+    assert drain_reason(fails[:1]) == "GPU-3f2a is lost: NVML answers GPU_IS_LOST"
 
 
 def test_parse_scontrol_reason_with_spaces_and_stamp():

@@ -11,9 +11,10 @@ import signal
 import sys
 import time
 import traceback
-from typing import Callable, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from ..config import Config, load
+from ..model import Finding
 from .env import EnvError, JobEnv, from_environ
 
 LOG_MAX_BYTES = 1 << 20
@@ -65,6 +66,26 @@ def internal_errors(cfg: Config) -> int:
             return int(fh.read().strip() or 0)
     except (OSError, ValueError):
         return 0
+
+
+def write_textfile(cfg: Config, snap: Dict[str, Any], findings: List[Finding]) -> None:
+    """The node's full per-GPU series for node_exporter's textfile collector, when configured.
+
+    The file is named and labelled with the Slurm node name: one node_exporter may serve
+    several slurmd (multiple-slurmd hosts, the lab), and its files must not collide.
+    """
+    directory = cfg.get("textfile", "directory")
+    if not directory:
+        return
+    from ..sinks import textfile
+    from ..sinks.exposition import render
+
+    node = cfg.get("node", "name")
+    try:
+        textfile.write(directory, f"slurm_triage_{node}", render(snap, findings, labels={"node": node}))
+    except (OSError, ValueError) as e:
+        log(cfg, "textfile", f"{directory}: {e}")
+        count_internal_error(cfg)
 
 
 def run_hook(kind: str, deadline_key: str, body: Callable[[Config, JobEnv], int]) -> int:

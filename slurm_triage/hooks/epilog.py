@@ -2,7 +2,8 @@
 
 Runs as root on every node when the job ends. It reports what the job did to the GPUs
 (energy, peak temperature, new Xids, ECC, remaps), finds what the job left behind, cleans
-it up when configured, pushes the job summary and deletes the job's live groups.
+it up when configured, pushes the job summary (the node's `last_job` group, labelled with
+the job id) and deletes the job's live groups.
 Exit non-zero only when the node is unsafe: an unkillable leftover or a hardware FAIL.
 """
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import Any, Dict, List, Optional
 from ..checks import run_checks
 from ..config import Config
 from ..model import Finding, Verdict, worst
-from ..snapshot import take
-from .common import count_internal_error, internal_errors, log, run_hook
+from ..snapshot import preload_sinks, take
+from .common import count_internal_error, internal_errors, log, run_hook, write_textfile
 from .env import JobEnv
 from .prolog import drain_reason, grouping, job_gpu_uuids
 
@@ -141,7 +142,7 @@ def epilog(cfg: Config, env: JobEnv) -> int:
     t0 = time.monotonic()
     base = state.load(cfg, env.job_id, "prolog") or {}
     base_snap = base.get("snapshot") or {}
-    snap = take(cfg)
+    snap = take(cfg, meanwhile=preload_sinks if cfg.get("pushgateway", "url") else None)
     only_new_kernel_events(base_snap.get("kernel"), snap.get("kernel"))
     snap["baseline"] = {"rdma": base_snap.get("rdma"), "time": base_snap.get("time")}
     uuids = base.get("job_gpus") or job_gpu_uuids(snap, env)
@@ -165,7 +166,8 @@ def epilog(cfg: Config, env: JobEnv) -> int:
                 and (f.get("mtime") or 0) >= started - 1]
         cleanup["removed"] = remove_ipc_files(mine, env.uid)
     verdict = worst(f.verdict for f in findings)
-    record = {"job_id": env.job_id, "node": env.node, "verdict": verdict.value, "gpu_diff": diff,
+    record = {"job_id": env.job_id, "node": env.node, "triage": env.triage, "verdict": verdict.value,
+              "gpu_diff": diff,
               "leftovers": [{k: p.get(k) for k in ("pid", "comm", "uid", "listen", "libs")} for p in leftovers],
               "cleanup": cleanup, "findings": [f.to_dict() for f in findings], "snapshot": snap,
               "baseline_verdict": base.get("verdict")}
@@ -182,6 +184,7 @@ def epilog(cfg: Config, env: JobEnv) -> int:
     seconds = time.monotonic() - t0
     if cfg.get("pushgateway", "url"):
         _push(cfg, env, snap, findings, record, seconds)
+    write_textfile(cfg, snap, findings)
     summary = (f"job {env.job_id}: {verdict.value}, {len(leftovers)} leftover processes, "
                f"{len(cleanup.get('removed', []))} IPC files removed ({seconds:.2f} s)")
     if hardware:
@@ -199,7 +202,11 @@ def _push(cfg: Config, env: JobEnv, snap: Dict[str, Any], findings: List[Finding
 
     extra = {"hook_duration_seconds": seconds, "internal_errors": internal_errors(cfg),
              "leftover_processes": len(record["leftovers"]), **stats(cfg)}
-    result = deliver(cfg, grouping(env, "summary"), render(snap, findings, extra, gpu_diff=record["gpu_diff"]))
+    # One "last_job" group per node, replaced by each Epilog: the Pushgateway stays bounded
+    # (it never forgets on its own) while Prometheus keeps every job's summary by its label.
+    key = {"job": "slurm_triage", "instance": env.node, "phase": "last_job"}
+    result = deliver(cfg, key, render(snap, findings, extra, gpu_diff=record["gpu_diff"],
+                                      labels={"slurm_job_id": env.job_id}))
     for phase in LIVE_PHASES:
         deliver(cfg, grouping(env, phase), delete=True)
     if result.error:

@@ -6,14 +6,15 @@ or cancels (srun) the job; everything else exits 0.
 """
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, Dict, List
 
 from ..checks import run_checks
 from ..config import Config
 from ..model import Finding, Verdict, worst
-from ..snapshot import take
-from .common import count_internal_error, internal_errors, log, run_hook
+from ..snapshot import preload_sinks, take
+from .common import count_internal_error, internal_errors, log, run_hook, write_textfile
 from .env import JobEnv
 
 
@@ -25,16 +26,23 @@ def job_gpu_uuids(snapshot: Dict[str, Any], env: JobEnv) -> List[str]:
     return [g["uuid"] for g in gpus if g.get("uuid") and g.get("minor") in env.gpus]
 
 
+_WHO = re.compile(r"^(?:GPU \d+ \([^)]*\)[:,]? ?)|(?: on GPU \d+ \([^)]*\))")
+
+
 def drain_reason(fails: List[Finding]) -> str:
-    """``GPU-… Xid 79 fell off the bus`` for the first failure, ``(+N more)`` for the rest."""
+    """``GPU-… Xid 79: GPU has fallen off the bus (+1 more)``: the kernel's word first.
+
+    The summary's "GPU 3 (uuid, bus id)" is dropped: the UUID leads the reason already.
+    """
+    fails = sorted(fails, key=lambda f: not f.id.startswith("kernel."))
     f = fails[0]
-    text = f"{f.gpu} {f.summary}" if f.gpu else f.summary
+    text = f"{f.gpu} {_WHO.sub('', f.summary).strip()}" if f.gpu else f.summary
     return text + (f" (+{len(fails) - 1} more)" if len(fails) > 1 else "")
 
 
 def prolog(cfg: Config, env: JobEnv) -> int:
     t0 = time.monotonic()
-    snap = take(cfg)
+    snap = take(cfg, meanwhile=preload_sinks if cfg.get("pushgateway", "url") else None)
     if env.triage:
         from ..sampling import sample_gpus
 
@@ -68,6 +76,7 @@ def prolog(cfg: Config, env: JobEnv) -> int:
     seconds = time.monotonic() - t0
     if cfg.get("pushgateway", "url"):
         _push(cfg, env, snap, findings, record, seconds)
+    write_textfile(cfg, snap, findings)
     summary = f"job {env.job_id}: {verdict.value} ({len(findings)} findings, {seconds:.2f} s)"
     if hardware:
         log(cfg, "prolog", f"{summary}; {drained}; exit 1")
@@ -79,11 +88,15 @@ def prolog(cfg: Config, env: JobEnv) -> int:
 
 def _push(cfg: Config, env: JobEnv, snap: Dict[str, Any], findings: List[Finding],
           record: Dict[str, Any], seconds: float) -> None:
+    """The job's live group stays lean (verdict, findings, peer figures: what the gang gate
+    reads for every node in one query); per-GPU series go to the textfile collector."""
+    from ..sinks import peer_metrics
     from ..sinks.exposition import render
     from ..sinks.spool import deliver, stats
 
     extra = {"hook_duration_seconds": seconds, "internal_errors": internal_errors(cfg), **stats(cfg)}
-    result = deliver(cfg, grouping(env, "prolog"), render(snap, findings, extra))
+    body = render(snap, findings, extra, gpus=False, more=peer_metrics.families(record.get("peer")))
+    result = deliver(cfg, grouping(env, "prolog"), body)
     if result.error:
         log(cfg, "prolog", f"job {env.job_id}: push: {result.error}")
         count_internal_error(cfg)

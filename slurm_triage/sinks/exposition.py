@@ -70,7 +70,7 @@ def _num(v: Any) -> Optional[float]:
 
 
 def _families(snapshot: Dict[str, Any], findings: Optional[List[Finding]],
-              extra: Dict[str, float]) -> Iterable[Any]:
+              extra: Dict[str, float], gpus: bool) -> Iterable[Any]:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     if findings is not None:
@@ -104,7 +104,8 @@ def _families(snapshot: Dict[str, Any], findings: Optional[List[Finding]],
             up.add_metric([p], 0.0 if p in errors or snapshot.get(p) is None else 1.0)
         yield d
         yield up
-    yield from _gpu_families(snapshot.get("gpu"))
+    if gpus:
+        yield from _gpu_families(snapshot.get("gpu"))
     for key in sorted(extra):
         name, counter, doc = EXTRA[key]
         cls = CounterMetricFamily if counter else GaugeMetricFamily
@@ -173,11 +174,13 @@ def _job_families(gpu_diff: Dict[str, Dict[str, Any]]) -> Iterable[Any]:
 
 def render(snapshot: Dict[str, Any], findings: Optional[List[Finding]],
            extra: Optional[Dict[str, float]] = None, gpu_diff: Optional[Dict[str, Dict[str, Any]]] = None,
-           more: Iterable[Any] = ()) -> bytes:
+           more: Iterable[Any] = (), labels: Optional[Dict[str, str]] = None, gpus: bool = True) -> bytes:
     """The exposition text for ``snapshot`` and ``findings`` (None: no verdict families).
 
     ``extra`` takes the keys of EXTRA, e.g. ``{"internal_errors": 1, **spool.stats(cfg)}``;
-    ``gpu_diff`` is the Epilog's per-GPU job summary; ``more`` adds families built elsewhere.
+    ``gpu_diff`` is the Epilog's per-GPU job summary; ``more`` adds families built elsewhere;
+    ``labels`` are added to every sample (e.g. the job id of a group keyed by node only);
+    ``gpus=False`` leaves out the per-GPU series (the Prolog's lean Pushgateway group).
     """
     from prometheus_client import CollectorRegistry, generate_latest
 
@@ -185,9 +188,11 @@ def render(snapshot: Dict[str, Any], findings: Optional[List[Finding]],
     unknown = set(extra) - set(EXTRA)
     if unknown:
         raise ValueError(f"unknown extra metric keys: {sorted(unknown)} (known: {sorted(EXTRA)})")
-    families = list(_families(snapshot or {}, findings, extra))
+    families = list(_families(snapshot or {}, findings, extra, gpus))
     families.extend(_job_families(gpu_diff or {}))
     families.extend(more)
+    for fam in families if labels else ():
+        fam.samples = [smp._replace(labels={**smp.labels, **labels}) for smp in fam.samples]
 
     class _Static:
         def collect(self) -> Iterable[Any]:

@@ -2,8 +2,8 @@
 
 The gate compares the nodes of one allocation with each other from a single Pushgateway
 query, so the figures that must match across a gang travel in the Prolog's own group.
-The text is written by hand (no prometheus_client import: this runs in the Prolog) and
-appended to the group's exposition body; the family names below are used nowhere else.
+The families go into the group's exposition through ``exposition.render(more=...)``;
+the family names below are used nowhere else.
 Base units, as everywhere: the max SM clock goes out in hertz.
 """
 from __future__ import annotations
@@ -25,31 +25,28 @@ INFO_LABELS: Tuple[Tuple[str, str], ...] = (("gpu_name", "gpu_name"), ("driver_v
 INFO = P + "info"
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
 def _number(v: Any) -> Optional[float]:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
     return float(v)
 
 
-def render(peer: Optional[Dict[str, Any]]) -> bytes:
-    """Exposition text (with ``# TYPE``) for a ``sampling.peer_figures`` dict; b"" for None."""
+def families(peer: Optional[Dict[str, Any]]) -> List[Any]:
+    """prometheus_client families for a ``sampling.peer_figures`` dict; [] for None."""
     if not peer:
-        return b""
-    out: List[str] = []
+        return []
+    from prometheus_client.core import GaugeMetricFamily
+
+    out: List[Any] = []
     for suffix, key, scale, doc in NUMERIC:
         v = _number(peer.get(key))
-        if v is None:
-            continue
-        name = P + suffix
-        out += [f"# HELP {name} {doc}", f"# TYPE {name} gauge", f"{name} {v * scale!r}"]
-    labels = ",".join(f'{label}="{_escape(str(peer.get(key) or ""))}"' for label, key in INFO_LABELS)
-    out += [f"# HELP {INFO} GPU model and driver of the node (peer comparison).", f"# TYPE {INFO} gauge",
-            f"{INFO}{{{labels}}} 1.0"]
-    return ("\n".join(out) + "\n").encode("utf-8")
+        if v is not None:
+            out.append(GaugeMetricFamily(P + suffix, doc, value=v * scale))
+    info = GaugeMetricFamily(INFO, "GPU model and driver of the node (peer comparison).",
+                             labels=[label for label, _ in INFO_LABELS])
+    info.add_metric([str(peer.get(key) or "") for _, key in INFO_LABELS], 1.0)
+    out.append(info)
+    return out
 
 
 def parse_group(group: Dict[str, Any]) -> Dict[str, Any]:
