@@ -317,7 +317,7 @@ def fetch_pushgateway(url: str, job_id: str, timeout: float) -> Dict[str, NodeEv
     return evidence_from_groups(data["data"], job_id)
 
 
-def _state_dir_template(cfg: Config) -> str:
+def state_dir_template(cfg: Config) -> str:
     """node.state_dir before ``{node}`` was replaced by this host's name."""
     from .config import SCHEMA, parse
 
@@ -336,7 +336,7 @@ def evidence_from_state(cfg: Config, job_id: str, nodes: Sequence[str]) -> Dict[
 
     from .sinks import state
 
-    template = _state_dir_template(cfg)
+    template = state_dir_template(cfg)
     out: Dict[str, NodeEvidence] = {}
     for path in dict.fromkeys(template.replace("{node}", n) for n in nodes):
         node_cfg = replace(cfg, values={**cfg.values, "node": {**cfg.values["node"], "state_dir": path}})

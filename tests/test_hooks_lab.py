@@ -276,10 +276,11 @@ def test_pushgateway_down_jobs_still_start_and_the_spool_delivers_later(lab):
         os.kill(pid, signal.SIGCONT)
     assert elapsed < 8.0 + 8.0, elapsed  # Prolog and Epilog each within their deadline
     assert spooled >= 4
-    srun_job(lab)  # the next job's hooks flush the spool in order
+    job2 = srun_job(lab)  # the next job's hooks flush the spool in order, then push their own
     lab.wait_idle()
-    assert {g["labels"]["instance"] for g in groups(lab, job) if g["labels"]["phase"] == "last_job"} == set(lab.nodes)
-    assert not [g for g in groups(lab, job) if g["labels"]["phase"] == "prolog"]
+    assert sum(len(list((lab.node_dir(n) / "spool").glob("*.json"))) for n in lab.nodes) == 0
+    assert not [g for g in groups(lab, job) if g["labels"]["phase"] == "prolog"]  # the DELETE came last
+    assert {g["labels"]["instance"] for g in groups(lab, job2) if g["labels"]["phase"] == "last_job"} == set(lab.nodes)
 
 
 def test_nvml_hang_is_unknown_within_the_deadline_and_does_not_drain(lab):

@@ -1,15 +1,19 @@
-"""Job triage from logs: read the job's logs safely, judge them with pure rules, rank root cause first.
+"""Job triage: gather a job's evidence (Slurm, Prometheus, our hooks' records, its logs), judge it
+with pure rules, rank the root cause first.
 
-``triage_logs(paths)`` is the whole pipeline; ``cli.register`` adds ``slurm-triage triage``.
+``triage_logs(paths)`` judges logs alone; ``triage_job(cfg, job_id, ...)`` is the whole pipeline;
+``cli.register`` adds ``slurm-triage triage``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ..config import Config
 from .logs import scan_many
-from .model import SCHEMA, LogEvent, TriageFinding
-from .rules import run_rules
+from .model import SCHEMA, JobEvidence, LogEvent, TriageFinding
+from .rules import run_job_rules, run_rules
 
 
 @dataclass
@@ -18,9 +22,14 @@ class TriageResult:
     findings: List[TriageFinding]
     sources: Dict[str, Any] = field(default_factory=dict)
     events: List[LogEvent] = field(default_factory=list)
+    job_facts: Optional[Dict[str, Any]] = None
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"schema": SCHEMA, "job": self.job, "findings": [f.to_dict() for f in self.findings],
+        job: Any = self.job
+        if self.job_facts:
+            job = {"id": self.job, **{k: v for k, v in self.job_facts.items() if k not in ("job_id", "steps", "sources")},
+                   "via": self.job_facts.get("sources")}
+        return {"schema": SCHEMA, "job": job, "findings": [f.to_dict() for f in self.findings],
                 "sources": self.sources}
 
 
@@ -29,3 +38,68 @@ def triage_logs(paths: Sequence[str], job: Optional[str] = None,
     """Scan ``paths`` (unreadable ones are recorded in ``sources``, not raised) and rank the findings."""
     events, logs = scan_many(paths, progress=progress)
     return TriageResult(job, run_rules(events), {"logs": logs}, events)
+
+
+def _window(facts: Any, since: Optional[float], until: Optional[float]) -> Tuple[Optional[float], Optional[float]]:
+    start = since if since is not None else (facts.start if facts else None)
+    end = until if until is not None else (facts.end if facts and facts.end else None)
+    if end is None and start is not None:
+        end = time.time()  # still running
+    return start, end
+
+
+def gather_job(cfg: Config, job_id: Optional[str], settings: Dict[str, Any], nodes: Sequence[str] = (),
+               since: Optional[float] = None, until: Optional[float] = None, with_hooks: bool = True,
+               progress: Optional[Callable[[str], None]] = None) -> Tuple[JobEvidence, Dict[str, Any], Any]:
+    """Slurm facts, metrics and hook records of one job (no logs): evidence, source records, JobFacts."""
+    from .sources import prometheus, pushgateway, slurm
+
+    sources: Dict[str, Any] = {}
+    facts = None
+    if job_id:
+        facts, sources["slurm"] = slurm.fetch(job_id, settings["sacct"], cfg.get("hooks", "scontrol"),
+                                              float(settings["slurm_timeout_seconds"]))
+    node_list = list(nodes) or (facts.nodes if facts else [])
+    start, end = _window(facts, since, until)
+    metrics = None
+    if node_list and start is not None and end is not None:
+        metrics, sources["prometheus"] = prometheus.gather(settings, job_id or "", node_list, start, end, progress)
+    elif settings["prometheus_url"]:
+        sources["prometheus"] = {"read": False, "error": "no node list or time window for the job "
+                                                         "(Slurm does not know it: give --nodes and --since)"}
+    nodes_facts: Dict[str, Dict[str, Any]] = {}
+    if with_hooks and job_id:
+        nodes_facts, recs = pushgateway.gather(cfg, settings["pushgateway_url"], job_id, node_list)
+        sources.update(recs)
+    ev = JobEvidence(job=facts.to_dict() if facts else None, metrics=metrics, nodes=nodes_facts, settings=settings)
+    return ev, sources, facts
+
+
+def triage_job(cfg: Config, job_id: Optional[str], logs: Sequence[str] = (), baseline: Optional[str] = None,
+               since: Optional[float] = None, until: Optional[float] = None, nodes: Sequence[str] = (),
+               progress: Optional[Callable[[str], None]] = None,
+               log_progress: Optional[Callable[[str, int], None]] = None) -> TriageResult:
+    """The whole pipeline for one job; every source that fails is a note in ``sources``, never an error."""
+    from .sources import settings as read_settings
+
+    s = read_settings(cfg)
+    ev, sources, facts = gather_job(cfg, job_id, s, nodes, since, until, progress=progress)
+    # The job's own logs, also when unreadable from here (node-local paths): the sources block says so.
+    paths = list(dict.fromkeys(p for p in ((facts.stdout, facts.stderr) if facts else ()) if p))
+    paths += [p for p in logs if p not in paths]
+    ev.events, sources["logs"] = scan_many(paths, progress=log_progress)
+    if baseline:
+        ev.baseline, base_sources, _ = gather_job(cfg, baseline, s, with_hooks=False, progress=progress)
+        sources["baseline"] = {"read": bool(ev.baseline.job or ev.baseline.metrics), "job": baseline,
+                               **{k: v for k, v in base_sources.items() if not v.get("read")}}
+    result = TriageResult(job_id, run_job_rules(ev), sources, ev.events)
+    result.job_facts = ev.job
+    return result
+
+
+def evidence_read(sources: Dict[str, Any]) -> bool:
+    """True when at least one source other than Slurm itself gave evidence (logs, metrics, hook records)."""
+    if any(v.get("read") for v in (sources.get("logs") or {}).values()):
+        return True
+    return any((sources.get(k) or {}).get("read") for k in ("prometheus", "state", "slurm")) or \
+        bool((sources.get("pushgateway") or {}).get("nodes"))

@@ -1,102 +1,129 @@
-"""`slurm-triage triage [JOBID] [--log PATH ...] [--format text|markdown|json]`.
+"""`slurm-triage triage [JOBID] [--log PATH ...] [--baseline OTHERJOB] [--since/--until T]
+[--nodes HOSTLIST] [--format text|markdown|json]`.
 
 Exit codes: 0 nothing found, 1 findings, 2 could not triage (no readable evidence, bad JOBID).
-The job's own stdout/stderr paths come from ``scontrol show job`` when a JOBID is given.
+With a JOBID, Slurm says where and when the job ran and where its logs are; Prometheus, the
+Pushgateway and the nodes' state files are read for that window; an unreachable source is a
+line in the report's sources block, not a failure.
 """
 from __future__ import annotations
 
 import argparse
+import calendar
 import re
-import shutil
-import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 EXIT_NONE, EXIT_FOUND, EXIT_CANNOT = 0, 1, 2
 _JOBID = re.compile(r"^\d+(?:_\d+)?(?:\+\d+)?$")
 
 
+def _when(text: str) -> float:
+    """``--since/--until``: unix seconds, or ``YYYY-MM-DDTHH:MM[:SS]`` (local time; a trailing Z means UTC)."""
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        return float(text)
+    m = re.fullmatch(r"(\d{4}-\d\d-\d\d)[T ](\d\d:\d\d(?::\d\d)?)(Z?)", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a time: {text!r} (unix seconds or 2026-01-31T12:00:00[Z])")
+    stamp = f"{m.group(1)}T{m.group(2)}" + (":00" if m.group(2).count(":") == 1 else "")
+    tm = time.strptime(stamp, "%Y-%m-%dT%H:%M:%S")
+    return float(calendar.timegm(tm) if m.group(3) else time.mktime(tm))
+
+
 def register(subparsers: Any) -> None:
     """Add the ``triage`` subcommand to an argparse subparsers object."""
     p = subparsers.add_parser(
-        "triage", help="find the root cause of a failed or hung job from its logs",
-        description="Rank the failures found in a job's logs, root cause first. "
+        "triage", help="find the root cause of a failed, slow or hung job",
+        description="Rank what went wrong in a job, root cause first, from Slurm, Prometheus, the "
+                    "Pushgateway, the nodes' state and the job's logs. "
                     "Exit 0: nothing found, 1: findings, 2: could not triage.")
-    p.add_argument("jobid", nargs="?", help="Slurm job id; its StdOut/StdErr are read (scontrol)")
+    p.add_argument("jobid", nargs="?", help="Slurm job id")
     p.add_argument("--log", nargs="+", action="extend", default=[], metavar="PATH",
                    help="extra log files (plain or gzip); without JOBID only these are triaged")
+    p.add_argument("--baseline", metavar="OTHERJOB", help="another run of the same work to compare with")
+    p.add_argument("--since", type=_when, metavar="TIME", help="start of the window (default: the job's start)")
+    p.add_argument("--until", type=_when, metavar="TIME", help="end of the window (default: the job's end, or now)")
+    p.add_argument("--nodes", metavar="HOSTLIST", help="the job's nodes, when Slurm no longer knows the job")
+    p.add_argument("--prometheus", metavar="URL", help="Prometheus to read (default: triage.prometheus_url)")
     p.add_argument("--format", choices=("text", "markdown", "json"), default="text")
-    p.add_argument("--list-rules", action="store_true", help="list the log rules and exit")
+    p.add_argument("--list-rules", action="store_true", help="list the rules and exit")
     p.set_defaults(func=run)
 
 
 class _Progress:
-    """Reports reading progress on stderr, but only once the work has taken more than a second."""
+    """Progress on stderr, but only once the work has taken more than a second."""
 
     def __init__(self) -> None:
         self.start = time.monotonic()
         self.last = self.start
 
-    def __call__(self, path: str, nbytes: int) -> None:
+    def say(self, msg: str) -> None:
         now = time.monotonic()
         if now - self.start > 1.0 and now - self.last >= 1.0:
             self.last = now
-            print(f"triage: reading {path}: {nbytes / 2**20:.0f} MiB", file=sys.stderr, flush=True)
+            print(f"triage: {msg} ({now - self.start:.0f} s)", file=sys.stderr, flush=True)
+
+    def __call__(self, path: str, nbytes: int) -> None:
+        self.say(f"reading {path}: {nbytes / 2**20:.0f} MiB")
 
 
-def job_log_paths(jobid: str, timeout: float = 5.0) -> Tuple[List[str], Dict[str, Any]]:
-    """StdOut/StdErr of a job per ``scontrol show job -o``; the source record says why when not."""
-    exe = shutil.which("scontrol")
-    if exe is None:
-        return [], {"read": False, "error": "scontrol not found on PATH"}
-    try:
-        cp = subprocess.run([exe, "show", "job", "-o", jobid], capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return [], {"read": False, "error": f"scontrol timed out after {timeout:.0f} s"}
-    if cp.returncode != 0:
-        return [], {"read": False, "error": (cp.stderr or cp.stdout).strip()[:300] or f"exit {cp.returncode}"}
-    paths: List[str] = []
-    for key in ("StdOut", "StdErr"):
-        m = re.search(rf"(?:^|\s){key}=(\S+)", cp.stdout)
-        if m and m.group(1) not in paths and m.group(1) != "(null)":
-            paths.append(m.group(1))
-    return paths, {"read": True, "logs": paths}
+def _cannot(result: Any, fmt: str, why: str) -> int:
+    from .report import RENDERERS
+
+    print(f"triage: could not triage: {why}", file=sys.stderr)
+    if fmt == "json":
+        sys.stdout.write(RENDERERS["json"](result))
+    return EXIT_CANNOT
+
+
+def _why(sources: Any) -> str:
+    parts = [f"{p}: {s.get('error')}" for p, s in (sources.get("logs") or {}).items() if not s.get("read")]
+    parts += [f"{k}: {v.get('error')}" for k, v in sources.items()
+              if k != "logs" and isinstance(v, dict) and not v.get("read") and v.get("error")]
+    return "; ".join(parts) or "no evidence source (no logs, no Slurm record, no metrics)"
 
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of the subcommand; returns the exit code."""
     if args.list_rules:
-        from .rules import RULES
+        from .rules import JOB_RULES, RULES
 
-        for r in RULES:
-            print(f"{r.id:<20} [{','.join(r.categories)}]  {r.doc}")
+        for r in RULES + JOB_RULES:
+            print(f"{r.id:<22} [{','.join(r.categories)}]  {r.doc}")
         return EXIT_NONE
     if not args.jobid and not args.log:
         print("triage: give a JOBID and/or --log PATH ...", file=sys.stderr)
         return EXIT_CANNOT
-    if args.jobid and not _JOBID.match(args.jobid):
-        print(f"triage: not a Slurm job id: {args.jobid!r}", file=sys.stderr)
-        return EXIT_CANNOT
-    from . import triage_logs
+    for job in (args.jobid, args.baseline):
+        if job and not _JOBID.match(job):
+            print(f"triage: not a Slurm job id: {job!r}", file=sys.stderr)
+            return EXIT_CANNOT
     from .report import RENDERERS
 
-    paths = list(args.log)
-    slurm: Dict[str, Any] = {}
-    if args.jobid:
-        found, slurm = job_log_paths(args.jobid)
-        paths = found + [p for p in paths if p not in found]
-    result = triage_logs(paths, job=args.jobid, progress=_Progress())
-    if slurm:
-        result.sources["slurm"] = slurm
-    readable = [p for p, s in result.sources["logs"].items() if s.get("read")]
-    if not readable:
-        why = "; ".join(f"{p}: {s.get('error')}" for p, s in result.sources["logs"].items())
-        if slurm and not slurm.get("read"):
-            why = (why + "; " if why else "") + f"scontrol: {slurm['error']}"
-        print(f"triage: could not triage: no readable log ({why or 'no log paths'})", file=sys.stderr)
-        if args.format == "json":
-            sys.stdout.write(RENDERERS["json"](result))
-        return EXIT_CANNOT
+    progress = _Progress()
+    if not args.jobid:
+        from . import triage_logs
+
+        result = triage_logs(args.log, progress=progress)
+        if not any(s.get("read") for s in result.sources["logs"].values()):
+            return _cannot(result, args.format, "no readable log (" + _why(result.sources) + ")")
+    else:
+        from ..config import load
+        from ..gate import HostlistError, expand_hostlist
+        from . import evidence_read, triage_job
+
+        try:
+            nodes = expand_hostlist(args.nodes) if args.nodes else []
+        except HostlistError as e:
+            print(f"triage: {e}", file=sys.stderr)
+            return EXIT_CANNOT
+        cfg = load(getattr(args, "config", None))
+        if args.prometheus:
+            cfg.values.setdefault("triage", {})["prometheus_url"] = args.prometheus
+        result = triage_job(cfg, args.jobid, args.log, args.baseline, args.since, args.until, nodes,
+                            progress=progress.say, log_progress=progress)
+        if not evidence_read(result.sources):
+            return _cannot(result, args.format, _why(result.sources))
     sys.stdout.write(RENDERERS[args.format](result))
     return EXIT_FOUND if result.findings else EXIT_NONE

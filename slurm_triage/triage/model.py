@@ -86,3 +86,26 @@ def from_events(events: List[LogEvent], **kw: Any) -> TriageFinding:
     if len(events) > 5:
         f.evidence["lines_total"] = len(events)
     return f
+
+
+@dataclass
+class JobEvidence:
+    """Everything gathered about one job, as plain facts; the job-level rules read only this.
+
+    ``job``: Slurm's facts (sources.slurm.JobFacts.to_dict()); ``metrics``: Prometheus answers
+    (sources.prometheus.shape() plus ``window``); ``nodes``: our hooks' records per node
+    (sources.pushgateway); ``settings``: the [triage] thresholds; ``baseline``: another run to
+    compare with (``--baseline``). A source that could not be read leaves its field empty.
+    """
+
+    job: Optional[Dict[str, Any]] = None
+    events: List[LogEvent] = field(default_factory=list)
+    metrics: Optional[Dict[str, Any]] = None
+    nodes: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    settings: Dict[str, Any] = field(default_factory=dict)
+    baseline: Optional["JobEvidence"] = None
+
+    def setting(self, key: str) -> Any:
+        from .sources import DEFAULTS
+
+        return self.settings.get(key, DEFAULTS[key])

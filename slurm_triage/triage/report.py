@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any, Dict, List
 
 from . import TriageResult
@@ -20,22 +21,42 @@ def _facts(f: TriageFinding) -> str:
     return ", ".join(f"{k}={json.dumps(v)}" for k, v in f.evidence.items() if k not in _SKIP and v not in (None, [], {}))
 
 
+def _source_facts(name: str, s: Dict[str, Any]) -> str:
+    if name == "prometheus":
+        return (f"{s.get('queries')} queries in {s.get('seconds')} s (sum of query times {s.get('query_seconds_sum')} s, "
+                f"step {s.get('step_seconds'):.0f} s, {s.get('gpus')} GPUs)"
+                + (f"; failed: {', '.join(s['errors'])}" if s.get("errors") else ""))
+    keys = [k for k in ("via", "state", "nodes", "url", "job") if s.get(k) not in (None, "", [])]
+    return ", ".join(f"{k} {','.join(map(str, s[k])) if isinstance(s[k], list) else s[k]}" for k in keys)
+
+
 def _sources_line(sources: Dict[str, Any]) -> List[str]:
     out = []
     for path, s in sources.get("logs", {}).items():
         out.append(f"{path}: {s['lines']} lines, {s['events']} events" if s.get("read")
                    else f"{path}: NOT READ ({s.get('error')})")
     for name, s in sources.items():
-        if name != "logs" and isinstance(s, dict) and not s.get("read", True):
-            out.append(f"{name}: unreachable ({s.get('error')})")
+        if name == "logs" or not isinstance(s, dict):
+            continue
+        out.append(f"{name}: " + (_source_facts(name, s) or "read") if s.get("read", True)
+                   else f"{name}: unreachable ({s.get('error')})")
     return out
+
+
+def _job_line(r: TriageResult) -> str:
+    j = r.job_facts or {}
+    if not j:
+        return ""
+    when = "–".join(time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) for t in (j.get("start"), j.get("end")) if t)
+    return (f"state {j.get('state') or '?'}, exit {j.get('exit_code')}, nodes {j.get('nodelist') or '?'}"
+            + (f", {when}" if when else ""))
 
 
 def render_text(r: TriageResult) -> str:
     head = f"triage job {r.job}" if r.job else "triage of logs"
-    lines = [head, ""]
+    lines = [head + (f": {_job_line(r)}" if _job_line(r) else ""), ""]
     if not r.findings:
-        lines.append("no known failure signature found in the logs")
+        lines.append("no known failure signature found")
     for i, f in enumerate(r.findings):
         if i == 0:
             lines.append(f"ROOT CAUSE [{f.category}] {f.summary}")
@@ -58,8 +79,10 @@ def render_text(r: TriageResult) -> str:
 
 def render_markdown(r: TriageResult) -> str:
     lines = [f"# Triage: job {r.job}" if r.job else "# Triage of logs", ""]
+    if _job_line(r):
+        lines += [_job_line(r), ""]
     if not r.findings:
-        lines.append("No known failure signature found in the logs.")
+        lines.append("No known failure signature found.")
     for i, f in enumerate(r.findings):
         title = "Root cause" if i == 0 else ("Consequence" if f.caused_by else "Also found")
         lines.append(f"## {title}: {f.summary}")

@@ -1,6 +1,7 @@
 """Triage rules over parsed log events: pure functions, registered explicitly so they can be listed.
 
-Each rule takes every :class:`LogEvent` of a job and returns findings; :func:`correlate` then
+Log rules take every :class:`LogEvent` of a job, job rules the whole :class:`JobEvidence`
+(Slurm facts, metrics, our hooks' records); both return findings, and :func:`correlate` then
 applies "first failure wins": the earliest non-symptom finding is the root cause, and symptoms
 that usually follow another failure (collective timeouts, socket resets, Xid 45, a step
 cancelled by srun) point to it with ``caused_by``.
@@ -8,13 +9,14 @@ cancelled by srun) point to it with ``caused_by``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from ...model import Verdict
-from ..model import LogEvent, TriageFinding
-from . import gpu, host, nccl, slurm
+from ..model import JobEvidence, LogEvent, TriageFinding
+from . import gpu, host, metrics, nccl, pushed, slurm
 
-RuleFn = Callable[[List[LogEvent]], List[TriageFinding]]
+RuleFn = Callable[[Any], List[TriageFinding]]
+"""A log rule takes List[LogEvent], a job rule (in JOB_RULES) takes JobEvidence."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,20 @@ RULES: Tuple[Rule, ...] = (
     Rule("log.heartbeat", ("collective_hang",), nccl.heartbeat_timeouts),
     Rule("log.conn_reset", ("network",), nccl.connection_resets),
     Rule("log.slurm_cancel", ("scheduler",), slurm.cancellations),
+)
+
+JOB_RULES: Tuple[Rule, ...] = (
+    Rule("slurm.state", ("scheduler", "memory"), slurm.job_state),
+    Rule("metric.thermal", ("thermal_power",), metrics.thermal_throttling),
+    Rule("metric.straggler", ("thermal_power", "host_resources"), metrics.stragglers),
+    Rule("metric.hang", ("collective_hang",), metrics.power_axiom_hang),
+    Rule("metric.gpu_events", ("gpu_hardware",), metrics.gpu_events),
+    Rule("metric.ib", ("network",), metrics.ib_errors),
+    Rule("metric.host", ("host_resources",), metrics.host_contention),
+    Rule("metric.baseline", ("host_resources", "config"), metrics.baseline_diff),
+    Rule("node.leftovers", ("host_resources",), pushed.leftovers),
+    Rule("node.public_dashboard", ("security",), pushed.public_dashboards),
+    Rule("node.hardware", ("gpu_hardware", "network"), pushed.node_hardware),
 )
 
 
@@ -81,6 +97,17 @@ def run_rules(events: List[LogEvent], rules: Optional[Tuple[Rule, ...]] = None) 
     out: List[TriageFinding] = []
     for rule in rules or RULES:
         out.extend(rule.fn(events))
+    return correlate(out)
+
+
+def run_job_rules(ev: JobEvidence) -> List[TriageFinding]:
+    """Log rules over ``ev.events`` and job rules over ``ev``, correlated together: first failure wins
+    across log and metric evidence."""
+    out: List[TriageFinding] = []
+    for rule in RULES:
+        out.extend(rule.fn(ev.events))
+    for rule in JOB_RULES:
+        out.extend(rule.fn(ev))
     return correlate(out)
 
 

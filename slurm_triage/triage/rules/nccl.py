@@ -63,7 +63,7 @@ def heartbeat_timeouts(events: List[LogEvent]) -> List[TriageFinding]:
     stuck = max((int(e.fields["stuck_s"]) for e in evs if "stuck_s" in e.fields), default=None)
     return [from_events(
         evs, id="log.heartbeat", category="collective_hang", verdict=Verdict.FAIL, confidence=0.6,
-        summary=f"NCCL watchdog stuck" + (f" for {stuck} s" if stuck else "")
+        summary="NCCL watchdog stuck" + (f" for {stuck} s" if stuck else "")
                 + (f" on rank {ranks_text(ranks)}" if ranks else "") + ": a CUDA/NCCL call blocked",
         action="py-spy dump --native the stuck ranks; check GPU util vs power (busy-spinning) and the kernel log",
         rank=ranks[0] if len(ranks) == 1 else None, node=only(e.node for e in evs),

@@ -1,10 +1,11 @@
-"""Slurm's own verdicts printed into job logs: ``*** JOB 123 ON node CANCELLED AT ... DUE TO ... ***``."""
+"""Slurm's own verdicts: banners printed into job logs (``*** JOB 123 ON node CANCELLED AT ... DUE TO ... ***``)
+and the job's end state in accounting."""
 from __future__ import annotations
 
 from typing import Dict, List, Optional
 
 from ...model import Verdict
-from ..model import LogEvent, TriageFinding, from_events
+from ..model import JobEvidence, LogEvent, TriageFinding, from_events
 from .common import of_kind, only
 
 # reason -> (verdict, confidence, is a consequence of something else, summary, action)
@@ -39,3 +40,40 @@ def cancellations(events: List[LogEvent]) -> List[TriageFinding]:
                       "at": sorted({str(e.fields["at"]) for e in evs}), "nodes": nodes},
             consequence=consequence))
     return out
+
+
+# Slurm job state -> (category, verdict, confidence, consequence, summary, action)
+_STATES = {
+    "TIMEOUT": ("scheduler", Verdict.FAIL, 0.8, True, "job hit its time limit",
+                "if the job stalled before the limit, see the earlier finding; else raise --time or checkpoint"),
+    "NODE_FAIL": ("scheduler", Verdict.FAIL, 0.85, False, "Slurm lost a node of the job (NODE_FAIL)",
+                  "check that node (slurmd/slurmctld logs, kernel log, power) before reusing it; requeue"),
+    "PREEMPTED": ("scheduler", Verdict.WARN, 0.9, False, "job was preempted by a higher-priority job",
+                  "expected under the partition's preemption policy; resume from the last checkpoint"),
+    "OUT_OF_MEMORY": ("memory", Verdict.FAIL, 0.85, False, "Slurm ended the job: out of memory (cgroup)",
+                      "request more memory (--mem / --mem-per-gpu) or reduce host-side buffers"),
+    "BOOT_FAIL": ("scheduler", Verdict.FAIL, 0.8, False, "a node failed to boot for the job",
+                  "check the node's boot/health; Slurm requeues the job when allowed"),
+    "DEADLINE": ("scheduler", Verdict.WARN, 0.8, False, "job reached its --deadline", "resubmit with a later deadline"),
+    "CANCELLED": ("scheduler", Verdict.WARN, 0.5, True, "job was cancelled",
+                  "look at the earlier findings; sacct's State column says who cancelled it"),
+}
+
+
+def job_state(ev: JobEvidence) -> List[TriageFinding]:
+    """Slurm's own end state of the job (accounting): time limit, node failure, preemption, OOM, cancel."""
+    job = ev.job or {}
+    state = str(job.get("state") or "").split("+")[0].split(" ")[0]
+    if state not in _STATES:
+        return []
+    cat, verdict, conf, consequence, summary, action = _STATES[state]
+    restarts = job.get("restarts") or 0
+    if restarts:
+        summary += f" (requeued {restarts}×)"
+    f = TriageFinding(id=f"slurm.{state.lower()}", category=cat, verdict=verdict, confidence=conf,
+                      summary=summary, action=action, consequence=consequence,
+                      evidence={"state": job.get("state"), "exit_code": job.get("exit_code"),
+                                "signal": job.get("signal"), "reason": job.get("reason"), "restarts": restarts,
+                                "end": job.get("end"), "time_limit_seconds": job.get("time_limit_seconds")})
+    f.first_time = job.get("end") if state in ("TIMEOUT", "CANCELLED") else (job.get("end") or job.get("start"))
+    return [f]
