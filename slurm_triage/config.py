@@ -299,12 +299,13 @@ def resolve_path(explicit: Optional[str] = None) -> Optional[str]:
     return DEFAULT_PATH if os.path.exists(DEFAULT_PATH) else None
 
 
-def load(explicit: Optional[str] = None, fail_open: bool = False) -> Config:
+def load(explicit: Optional[str] = None, fail_open: bool = False, node: Optional[str] = None) -> Config:
     """Load and validate the config.
 
     ``fail_open`` (hooks): a bad key falls back to its default, an unreadable or unparsable
     file to all defaults, each with a warning instead of an exception, because a config
-    typo must never drain the fleet.
+    typo must never drain the fleet. ``node`` is this node's name as Slurm gave it to the
+    caller (SPANK helpers get no SLURMD_NODENAME); it wins over everything else.
     """
     path = resolve_path(explicit)
     cfg = Config(defaults())
@@ -324,7 +325,7 @@ def load(explicit: Optional[str] = None, fail_open: bool = False) -> Config:
             if not fail_open:
                 raise
             cfg.warnings.append(f"{e}; using built-in defaults")
-    cfg.values["node"]["name"] = node_name(cfg.values["node"]["name"])
+    cfg.values["node"]["name"] = node or node_name(cfg.values["node"]["name"])
     _expand(cfg.values, cfg.values["node"]["name"])
     return cfg
 

@@ -20,6 +20,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from . import ids
 from .config import Config
 from .model import Verdict
 
@@ -29,7 +30,6 @@ STALE_SLACK_SECONDS = 60.0
 """A verdict pushed this long before the job started is another job's (a reused id)."""
 POLL_SECONDS = 0.25
 _HOST = re.compile(r"[A-Za-z0-9._-]+")
-_JOB_ID = re.compile(r"[0-9]{1,12}")
 EXIT_PASS, EXIT_BLOCKED, EXIT_USAGE = 0, 1, 2
 
 
@@ -446,7 +446,7 @@ def _cmd(args: Any) -> int:
     from .config import load
 
     job = args.job or os.environ.get("SLURM_JOB_ID", "")
-    if not _JOB_ID.fullmatch(job):
+    if not ids.is_job_id(job):
         print("slurm-triage gang-check: no job id (--job, or run it inside the job)", file=sys.stderr)
         return EXIT_USAGE
     nodes = args.nodes if args.nodes is not None else os.environ.get("SLURM_JOB_NODELIST", "")

@@ -66,8 +66,7 @@ def push_report(cfg: Config, report: NodeReport, grouping: Dict[str, str]) -> st
 def render_text(report: NodeReport) -> str:
     """A table an admin reads at a glance: worst first, the action under each finding."""
     shown = [f for f in report.findings if f.verdict != Verdict.OK]
-    lines = [f"{report.node}: {report.verdict.value}  ({len(shown)} findings, "
-             f"{len(report.findings) - len(shown)} checks reported OK, {report.seconds:.2f} s)"]
+    lines = [f"{report.node}: {report.verdict.value}  ({len(shown)} findings, {report.seconds:.2f} s)"]
     gpus = (report.snapshot.get("gpu") or {}).get("gpus") or []
     by_uuid = {g.get("uuid"): g for g in gpus}
     if gpus:

@@ -67,6 +67,8 @@ def drain(cfg: Config, node: str, reason: str) -> str:
     current = node_state(cfg, node)
     if current.reason and not current.ours:
         return f"left foreign reason untouched: {current.reason!r}"
+    if current.ours and "DRAIN" in current.state:
+        return f"already drained: {current.reason}"  # the first evidence (Prolog's) stays
     text = (TAG + " " + reason)[:_MAX_REASON]
     _scontrol(cfg, ["update", f"nodename={node}", "state=drain", f"reason={text}"])
     return f"drained: {text}"

@@ -16,12 +16,7 @@ import sys
 from dataclasses import dataclass
 from typing import Dict, Mapping, Optional
 
-MODES = ("on", "deep")
-_JOB_ID = re.compile(r"[0-9]{1,12}")
-_STEP_ID = re.compile(r"[0-9]{1,10}|batch|extern|interactive")
-_NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-_HOSTLIST = re.compile(r"[A-Za-z0-9._,\[\]-]{0,65536}")
-_ID = re.compile(r"[0-9]{1,10}")
+from . import ids
 
 
 class ContextError(ValueError):
@@ -58,15 +53,15 @@ def _get(env: Mapping[str, str], key: str, pattern: "re.Pattern[str]", required:
 def context(env: Mapping[str, str] = os.environ) -> StepContext:
     """Parse and validate the plugin's variables; raise ContextError."""
     mode = env.get("SLURM_TRIAGE_MODE", "")
-    if mode not in MODES:
-        raise ContextError(f"SLURM_TRIAGE_MODE={mode[:20]!r} is not one of {', '.join(MODES)}")
+    if mode not in ids.STEP_MODES:
+        raise ContextError(f"SLURM_TRIAGE_MODE={mode[:20]!r} is not one of {', '.join(ids.STEP_MODES)}")
     config = env.get("SLURM_TRIAGE_CONFIG") or None
     if config is not None and not config.startswith("/"):
         raise ContextError(f"SLURM_TRIAGE_CONFIG={config[:80]!r} is not absolute")
-    return StepContext(job_id=_get(env, "JOB_ID", _JOB_ID), step_id=_get(env, "STEP_ID", _STEP_ID),
-                       node=_get(env, "NODE", _NODE, required=False), uid=int(_get(env, "UID", _ID)),
-                       gid=int(_get(env, "GID", _ID)), mode=mode,
-                       nodelist=_get(env, "NODELIST", _HOSTLIST, required=False), config=config)
+    return StepContext(job_id=_get(env, "JOB_ID", ids.JOB_ID), step_id=_get(env, "STEP_ID", ids.STEP_ID),
+                       node=_get(env, "NODE", ids.NODE, required=False), uid=int(_get(env, "UID", ids.NUMERIC_ID)),
+                       gid=int(_get(env, "GID", ids.NUMERIC_ID)), mode=mode,
+                       nodelist=_get(env, "NODELIST", ids.HOSTLIST, required=False), config=config)
 
 
 def _say(msg: str) -> None:
@@ -97,13 +92,16 @@ def _watch(ctx: StepContext, action: str) -> int:
             raise
         _say(f"{action}: slurm_triage.watcher is not installed; no watcher for job {ctx.job_id}")
         return 0
+    from .config import load
+
     wctx = watcher.WatchContext(job_id=ctx.job_id, step_id=ctx.step_id, node=ctx.node, uid=ctx.uid,
                                 gid=ctx.gid, mode=ctx.mode)
+    cfg = load(ctx.config, fail_open=True, node=ctx.node)  # {node} paths are this node's
     try:
         if action == "watch-start":
-            _say(f"watcher pid {watcher.start(wctx)} for step {wctx.step} on {ctx.node}")
+            _say(f"watcher pid {watcher.start(wctx, cfg)} for step {wctx.step} on {ctx.node}")
         else:
-            watcher.stop(wctx)
+            watcher.stop(wctx, cfg)
     except watcher.WatchError as e:
         _say(f"{action}: {e}")
     return 0

@@ -27,11 +27,11 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Deque, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
-from . import hang
+from . import hang, ids
 from .config import Config, load
 from .deadline import run_probe
+from .sinks.exposition import to_text
 
-MODES = ("on", "deep")
 PROC = "/proc"
 COMM = "triage-watcher"  # the daemon's /proc/PID/comm, checked by stop() before any signal
 PIDFILE = "watcher.pid"
@@ -45,9 +45,6 @@ COMPACT_GPU = ("uuid", "index", "minor", "power_watts", "power_limit_watts", "ut
 EVIDENCE_ENV = ("NCCL_", "TORCH_", "CUDA_", "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE",
                 "SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "PYTORCH_")
 _STEP_ENV = (b"SLURM_JOB_ID", b"SLURM_STEP_ID", b"SLURM_STEP_GPUS", b"SLURM_JOB_GPUS")
-_DIGITS = re.compile(r"^[0-9]{1,12}$")
-_STEP = re.compile(r"^(?:[0-9]{1,10}|batch|interactive)$")
-_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _CGROUP_STEP = re.compile(rb"/job_(\d+)/step_([a-z0-9]+)(?:/|$)", re.MULTILINE)
 
 
@@ -75,15 +72,16 @@ def context_from_env(env: Mapping[str, str]) -> WatchContext:
     because it ends up in paths and process titles."""
     def get(name: str, pattern: "re.Pattern[str]") -> str:
         v = env.get("SLURM_TRIAGE_" + name, "")
-        if not pattern.match(v):
+        if not pattern.fullmatch(v):
             raise ValueError(f"SLURM_TRIAGE_{name}={v!r} is not valid")
         return v
 
     mode = env.get("SLURM_TRIAGE_MODE", "")
-    if mode not in MODES:
-        raise ValueError(f"SLURM_TRIAGE_MODE={mode!r} is not one of {', '.join(MODES)}")
-    return WatchContext(job_id=get("JOB_ID", _DIGITS), step_id=get("STEP_ID", _STEP), node=get("NODE", _NODE),
-                        uid=int(get("UID", _DIGITS)), gid=int(get("GID", _DIGITS)), mode=mode)
+    if mode not in ids.STEP_MODES:
+        raise ValueError(f"SLURM_TRIAGE_MODE={mode!r} is not one of {', '.join(ids.STEP_MODES)}")
+    return WatchContext(job_id=get("JOB_ID", ids.JOB_ID), step_id=get("STEP_ID", ids.STEP_ID),
+                        node=get("NODE", ids.NODE), uid=int(get("UID", ids.NUMERIC_ID)),
+                        gid=int(get("GID", ids.NUMERIC_ID)), mode=mode)
 
 
 # --------------------------------------------------------------------------- files
@@ -374,7 +372,6 @@ def _is_python(pid: int) -> bool:
 def render(ctx: WatchContext, sample: Dict[str, Any], hang_on: bool, stragglers: Mapping[str, Any],
            leak: bool) -> bytes:
     """The compact watch series; always typed (``# TYPE``), as the Pushgateway demands."""
-    from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.core import GaugeMetricFamily as G
 
     fams: List[Any] = []
@@ -409,14 +406,7 @@ def render(ctx: WatchContext, sample: Dict[str, Any], hang_on: bool, stragglers:
                   value=1.0 if hang_on else 0.0))
     fams.append(G("slurm_triage_watch_last_sample_timestamp_seconds", "When the last sample was taken.",
                   value=sample["t"]))
-
-    class _Static:
-        def collect(self) -> Iterable[Any]:
-            return fams
-
-    reg = CollectorRegistry(auto_describe=False)
-    reg.register(_Static())
-    return generate_latest(reg)
+    return to_text(fams)
 
 
 # --------------------------------------------------------------------------- the loop

@@ -21,10 +21,11 @@ GPU3 = "GPU-0dbc98d5-f864-2c28-5be9-e56faf4ee96b"
 GPU5 = "GPU-5291fbdf-f219-fa52-b105-db419085eaf2"
 
 
-def _config(tmp_path: Path, lib: Path, extra: str = "") -> Path:
+def _config(tmp_path: Path, lib: Path, extra: str = "", gpu_deadline: float = 10.0) -> Path:
+    """A generous NVML deadline, so that a loaded CI machine does not turn OK into UNKNOWN."""
     p = tmp_path / "c.toml"
     p.write_text(f'[node]\nstate_dir = "{tmp_path}/state"\nspool_dir = "{tmp_path}/spool"\n'
-                 f'[gpu]\nnvml_library = "{lib}"\ndeadline_seconds = 2.0\n'
+                 f'[gpu]\nnvml_library = "{lib}"\ndeadline_seconds = {gpu_deadline}\n'
                  f'[kernel]\nsource = "file"\npath = "{tmp_path}/kernel.log"\n' + extra)
     (tmp_path / "kernel.log").touch()
     return p
@@ -83,11 +84,11 @@ def test_row_remap_failure_fails(tmp_path, fakenvml_lib):
 
 def test_nvml_hang_is_unknown_within_the_deadline(tmp_path, fakenvml_lib):
     t0 = time.monotonic()
-    r, rep = _check(_config(tmp_path, fakenvml_lib), "h100x8-nvml-hang.json")
+    r, rep = _check(_config(tmp_path, fakenvml_lib, gpu_deadline=2.0), "h100x8-nvml-hang.json")
     elapsed = time.monotonic() - t0
     assert r.returncode == 0 and rep["verdict"] == "UNKNOWN"
     assert "timed out" in rep["snapshot"]["errors"]["gpu"]
-    assert elapsed < 2.0 + 1.5, elapsed  # deadline + interpreter start and the other probes
+    assert elapsed < 2.0 + 4.0, elapsed  # the deadline + interpreter start, other probes, a loaded CI box
 
 
 def test_leftover_listener_and_shm_of_a_dead_job_are_reported_with_pid(tmp_path, fakenvml_lib):

@@ -10,7 +10,7 @@ import pytest
 from conftest import SCENARIOS
 from slurm_triage import config, snapshot
 from slurm_triage.checks import gpu as gpu_checks
-from slurm_triage.checks import run_checks
+from slurm_triage.checks import REGISTRY, run_checks
 from slurm_triage.model import Verdict
 
 
@@ -134,3 +134,22 @@ def test_ecc_remap_pending_throttle_and_count(idle_facts, fakenvml_lib):
     (f,) = gpu_checks.gpu_count(short, cfg)
     assert (f.verdict, f.hardware, f.evidence["expected_count"]) == (Verdict.FAIL, True, 8)
     assert gpu_checks.gpu_count(short, make_cfg(fakenvml_lib, expected_count=-1)) == []
+
+
+def test_partial_gpu_facts_never_raise_and_still_name_the_lost_gpu():
+    """Facts can be partial (a lost GPU known only by index/UUID, a section without "gpus"):
+    every GPU check reads them with .get and still reports what they do show."""
+    cfg = config.Config(config.defaults())
+    cfg.values["gpu"]["expected_count"] = 8
+    checks = [s.fn for s in REGISTRY.values() if s.fn.__module__ == gpu_checks.__name__]
+    assert len(checks) == 7
+
+    def judged(gpu):
+        return [(f.id, f.verdict, f.gpu, f.summary) for fn in checks for f in fn({"time": 1.0, "gpu": gpu}, cfg)]
+
+    (lost,) = judged({"count": 8, "gpus": [{"index": 3, "uuid": "GPU-x", "lost": True}]})
+    assert lost[:3] == ("gpu.lost", Verdict.FAIL, "GPU-x") and lost[3].startswith("GPU 3 (GPU-x) is lost")
+    (unindexed,) = judged({"count": 8, "gpus": [{"uuid": "GPU-y", "lost": True}]})
+    assert unindexed[:3] == ("gpu.lost", Verdict.FAIL, "GPU-y") and unindexed[3].startswith("GPU (GPU-y) is lost")
+    assert [x[:2] for x in judged({"count": 7})] == [("gpu.count", Verdict.FAIL)]
+    assert judged({}) == [] and judged({"gpus": [{}]}) == [] and judged({"gpus": None}) == []

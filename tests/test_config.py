@@ -32,6 +32,10 @@ def test_node_placeholder_is_expanded(monkeypatch, write_config):
     monkeypatch.setenv("SLURMD_NODENAME", "node2")
     p = write_config('[node]\nstate_dir = "/tmp/lab/nodes/{node}/state"\n')
     assert load(str(p)).get("node", "state_dir") == "/tmp/lab/nodes/node2/state"
+    # a SPANK helper gets no SLURMD_NODENAME: the node name Slurm gave the plugin wins
+    monkeypatch.delenv("SLURMD_NODENAME")
+    cfg = load(str(p), node="node3")
+    assert cfg.get("node", "name") == "node3" and cfg.get("node", "state_dir") == "/tmp/lab/nodes/node3/state"
 
 
 @pytest.mark.parametrize("text,key,line,words", [

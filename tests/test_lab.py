@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 import pwd
 from pathlib import Path
 from typing import Dict, Set
@@ -42,7 +43,7 @@ def test_sacct_lists_the_finished_job(lab: labmod.Lab) -> None:
         job_row = lab.sacct(job)[0]
         if all(job_row[k] == v for k, v in want.items()):
             break
-        labmod.time.sleep(0.2)
+        time.sleep(0.2)
     assert {k: job_row[k] for k in want} == want
     assert len(job_row["NodeList"]) > 0 and job_row["NodeList"].startswith("node")
 
@@ -84,7 +85,7 @@ def test_prometheus_scrapes_pushgateway(lab: labmod.Lab) -> None:
         health = {t["labels"]["job"]: t["health"] for t in targets}
         if health.get("pushgateway") == "up" and health.get("node") == "up":
             break
-        labmod.time.sleep(0.2)
+        time.sleep(0.2)
     assert health == {"pushgateway": "up", "node": "up"}
 
 

@@ -19,27 +19,38 @@ _HW_TEXT = {"hw_slowdown": "HW slowdown", "hw_thermal_slowdown": "HW thermal slo
 
 
 def _gpus(facts: Facts) -> Iterator[Dict[str, Any]]:
-    yield from facts["gpu"].get("gpus", [])
+    # Facts may be partial (a lost GPU filled from the inventory, an older snapshot): .get only.
+    yield from (facts.get("gpu") or {}).get("gpus") or []
 
 
 def _who(g: Dict[str, Any]) -> str:
     """'GPU 3 (GPU-…, 0000:5d:00.0)' with whatever identity NVML still gave."""
     ids = ", ".join(x for x in (g.get("uuid"), g.get("pci_bus_id")) if x)
-    return f"GPU {g['index']}" + (f" ({ids})" if ids else "")
+    index = g.get("index")
+    return ("GPU" if index is None else f"GPU {index}") + (f" ({ids})" if ids else "")
 
 
 def _evidence(facts: Facts, g: Dict[str, Any], **values: Any) -> Dict[str, Any]:
-    ev: Dict[str, Any] = {"index": g["index"], "pci_bus_id": g.get("pci_bus_id")}
+    ev: Dict[str, Any] = {"index": g.get("index"), "pci_bus_id": g.get("pci_bus_id")}
     ev.update(values)
     ev["seen_at"] = facts.get("time")
     return ev
 
 
+def _hw_slowdowns(g: Dict[str, Any]) -> List[str]:
+    """The HW_REASONS among the GPU's active clock event reasons."""
+    return [r for r in HW_REASONS if r in (g.get("clock_event_names") or [])]
+
+
+def _hw_text(hw: List[str]) -> str:
+    return ", ".join(_HW_TEXT[r] for r in hw)
+
+
 @check("gpu.count", needs=("gpu",))
 def gpu_count(facts: Facts, cfg: Config) -> List[Finding]:
     """NVML sees as many GPUs as gpu.expected_count says (-1: not checked)."""
-    expected, seen = cfg.get("gpu", "expected_count"), facts["gpu"]["count"]
-    if expected < 0 or seen == expected:
+    expected, seen = cfg.get("gpu", "expected_count"), (facts.get("gpu") or {}).get("count")
+    if expected < 0 or seen is None or seen == expected:
         return []
     ev = {"expected_count": expected, "count": seen, "seen_at": facts.get("time")}
     if seen < expected:
@@ -107,13 +118,13 @@ def gpu_temperature(facts: Facts, cfg: Config) -> List[Finding]:
         temp, slowdown = g.get("temperature_celsius"), g.get("slowdown_temp_celsius")
         if temp is None or slowdown is None or temp < slowdown - margin:
             continue
-        hw = [r for r in HW_REASONS if r in (g.get("clock_event_names") or [])]
+        hw = _hw_slowdowns(g)
         ev = _evidence(facts, g, temp_celsius=temp, slowdown_celsius=slowdown, margin_celsius=margin,
                        clock_event_names=g.get("clock_event_names"))
         if temp >= slowdown and hw:
             out.append(Finding("gpu.temperature", Verdict.FAIL,
                                f"{_who(g)} at {temp} °C, at/above its {slowdown} °C slowdown threshold, "
-                               f"with {', '.join(_HW_TEXT[r] for r in hw)} active",
+                               f"with {_hw_text(hw)} active",
                                gpu=g.get("uuid"), evidence=ev, hardware=True,
                                action="drain the node and check its cooling (fans, airflow, inlet temperature, "
                                       "heatsink contact) before it runs jobs again"))
@@ -130,11 +141,11 @@ def gpu_throttle(facts: Facts, cfg: Config) -> List[Finding]:
     """Hardware clock slowdown (HW slowdown / HW thermal / HW power brake) is active."""
     out = []
     for g in _gpus(facts):
-        hw = [r for r in HW_REASONS if r in (g.get("clock_event_names") or [])]
+        hw = _hw_slowdowns(g)
         if not hw:
             continue
         out.append(Finding("gpu.throttle", Verdict.WARN,
-                           f"{_who(g)}: {', '.join(_HW_TEXT[r] for r in hw)} active, SM clock "
+                           f"{_who(g)}: {_hw_text(hw)} active, SM clock "
                            f"{g.get('sm_clock_mhz')} of {g.get('sm_clock_max_mhz')} MHz",
                            gpu=g.get("uuid"),
                            evidence=_evidence(facts, g, clock_event_reasons=g.get("clock_event_reasons"),

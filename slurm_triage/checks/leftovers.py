@@ -71,6 +71,7 @@ def _live_job_uids(procs: Dict[str, Any], running: Set[str]) -> Set[int]:
 def leftover_ipc(facts: Facts, cfg: Config) -> List[Finding]:
     """NCCL/MPI/UCX/PSM2/torch files in /dev/shm or /tmp that no running job can own."""
     procs = facts["procs"]
+    node = facts.get("node", "")
     running = set(procs["running_jobs"])
     live_uids = _live_job_uids(procs, running)
     holders: Dict[str, List[Dict[str, Any]]] = {}
@@ -86,6 +87,8 @@ def leftover_ipc(facts: Facts, cfg: Config) -> List[Finding]:
         elif held_by:
             if any(p.get("job_id") in running or not p.get("job_id") for p in held_by):
                 continue  # in use by a running job, or by a process outside Slurm
+            if not any(_this_node(p, node) for p in held_by):
+                continue  # another node's leftover (nodes sharing /dev/shm): that node reports it
             why = "is held only by leftover process(es) " + ",".join(
                 f"{p['pid']} (job {p['job_id']})" for p in held_by)
         elif f["uid"] not in live_uids:

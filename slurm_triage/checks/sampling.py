@@ -6,9 +6,9 @@ from typing import List
 from ..config import Config
 from ..model import Finding, Verdict
 from . import Facts, check
+from .gpu import HW_REASONS
 
 IDLE_POWER_RATIO = 0.35
-HW_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
 
 
 @check("gpu.idle_power", needs=("gpu_samples",))

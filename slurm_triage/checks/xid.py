@@ -50,11 +50,6 @@ def _window(evs: List[Dict[str, Any]]) -> Dict[str, Any]:
     return out
 
 
-def _ok(id: str, what: str, facts: Facts) -> List[Finding]:
-    return [Finding(id=id, verdict=Verdict.OK, summary=f"no {what} in the kernel log",
-                    evidence={"source": facts["kernel"].get("source"), "last_seq": facts["kernel"].get("last_seq")})]
-
-
 @check("kernel.xid", needs=("kernel",))
 def xid(facts: Facts, cfg: Config) -> List[Finding]:
     """NVIDIA Xid errors: FAIL on hardware Xids (48, 79, 94, 95, ...), WARN on application Xids."""
@@ -62,8 +57,6 @@ def xid(facts: Facts, cfg: Config) -> List[Finding]:
     groups: "OrderedDict[Tuple[str, int], List[Dict[str, Any]]]" = OrderedDict()
     for e in _events(facts, "xid"):
         groups.setdefault((e["pci_bus_id"], e["xid"]), []).append(e)
-    if not groups:
-        return _ok("kernel.xid", "NVIDIA Xid errors", facts)
     fatal_buses: Set[str] = set()
     verdicts: Dict[Tuple[str, int], str] = {}
     for (bus, code), evs in groups.items():
@@ -105,8 +98,6 @@ def fallen_off_bus(facts: Facts, cfg: Config) -> List[Finding]:
     for e in _events(facts, "fallen_off_bus"):
         if e["pci_bus_id"] not in xid79:  # already a kernel.xid FAIL
             groups.setdefault(e["pci_bus_id"], []).append(e)
-    if not groups:
-        return _ok("kernel.fallen_off_bus", "GPU fallen off the bus without an Xid", facts)
     findings = []
     for bus, evs in groups.items():
         uuid, name = _who(bus, next((e.get("uuid") for e in evs if e.get("uuid")), None), gpus)
@@ -145,4 +136,4 @@ def aer(facts: Facts, cfg: Config) -> List[Finding]:
                 id="kernel.aer", verdict=Verdict.FAIL, gpu=uuid, hardware=True, evidence=evidence,
                 summary=f"uncorrectable ({sev}) PCIe error on {name}" + (f" (x{len(evs)})" if len(evs) > 1 else ""),
                 action="drain the node; reseat/check the GPU, riser and slot, then power-cycle"))
-    return findings or _ok("kernel.aer", "PCIe AER errors on GPUs above threshold", facts)
+    return findings

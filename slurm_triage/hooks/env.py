@@ -11,9 +11,9 @@ import re
 from dataclasses import dataclass, field
 from typing import List, Mapping, Optional
 
-TRIAGE_MODES = ("on", "deep", "off")
-_JOB_ID = re.compile(r"^[0-9]{1,12}$")
-_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+from .. import ids
+from ..ids import TRIAGE_MODES
+
 
 
 @dataclass
@@ -44,10 +44,10 @@ def _int_list(text: str) -> Optional[List[int]]:
 def from_environ(env: Mapping[str, str] = os.environ) -> JobEnv:
     """Parse the hook environment; raise EnvError when the job id or node is unusable."""
     job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""
-    if not _JOB_ID.match(job_id):
+    if not ids.is_job_id(job_id):
         raise EnvError(f"SLURM_JOB_ID {job_id[:40]!r} is not a job id")
     node = env.get("SLURMD_NODENAME", "")
-    if not _NODE.match(node):
+    if not ids.is_node(node):
         raise EnvError(f"SLURMD_NODENAME {node[:40]!r} is not a node name")
     out = JobEnv(job_id=job_id, node=node)
     uid = env.get("SLURM_JOB_UID", "")

@@ -1,8 +1,9 @@
 """Prometheus text exposition of a snapshot and its findings.
 
-One function feeds both the Pushgateway and the textfile collector. prometheus_client
-is imported inside ``render`` because the import costs 150-270 ms and the Prolog pays it
-only when it actually pushes or writes a textfile. Every family carries ``# TYPE`` (the
+One function feeds both the Pushgateway and the textfile collector; ``to_text`` (shared
+with the in-step watcher) serializes families. prometheus_client is imported inside
+``to_text`` because the import costs 150-270 ms and the Prolog pays it only when it
+actually pushes or writes a textfile. Every family carries ``# TYPE`` (the
 Pushgateway answers 400 when typed and untyped pushes of one name meet); names use the
 ``slurm_triage_`` prefix and base units; a value that is None (NVML: not supported) or a
 section that is None (probe failed) simply yields no sample.
@@ -182,8 +183,6 @@ def render(snapshot: Dict[str, Any], findings: Optional[List[Finding]],
     ``labels`` are added to every sample (e.g. the job id of a group keyed by node only);
     ``gpus=False`` leaves out the per-GPU series (the Prolog's lean Pushgateway group).
     """
-    from prometheus_client import CollectorRegistry, generate_latest
-
     extra = dict(extra or {})
     unknown = set(extra) - set(EXTRA)
     if unknown:
@@ -193,10 +192,18 @@ def render(snapshot: Dict[str, Any], findings: Optional[List[Finding]],
     families.extend(more)
     for fam in families if labels else ():
         fam.samples = [smp._replace(labels={**smp.labels, **labels}) for smp in fam.samples]
+    return to_text(families)
+
+
+def to_text(families: Iterable[Any]) -> bytes:
+    """Text exposition of ready-made metric families (no default registry, no process metrics)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    fams = list(families)
 
     class _Static:
         def collect(self) -> Iterable[Any]:
-            return families
+            return fams
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Static())

@@ -1,13 +1,23 @@
 """Small helpers shared by the rule modules (pure)."""
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Optional
+from typing import Callable, Dict, Hashable, Iterable, List, Optional, TypeVar
 
 from ..model import LogEvent
+
+K = TypeVar("K", bound=Hashable)
 
 
 def of_kind(events: Iterable[LogEvent], *kinds: str) -> List[LogEvent]:
     return [e for e in events if e.kind in kinds]
+
+
+def group_by(events: Iterable[LogEvent], kind: str, key: Callable[[LogEvent], K]) -> Dict[K, List[LogEvent]]:
+    """Events of ``kind`` grouped by ``key``, groups in order of first appearance (one finding each)."""
+    groups: Dict[K, List[LogEvent]] = {}
+    for e in of_kind(events, kind):
+        groups.setdefault(key(e), []).append(e)
+    return groups
 
 
 def rank_nodes(events: Iterable[LogEvent]) -> Dict[int, str]:

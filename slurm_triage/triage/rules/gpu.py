@@ -6,7 +6,7 @@ from typing import Dict, List, Tuple
 from ...model import Verdict
 from ...pci import normalize
 from ..model import LogEvent, TriageFinding, from_events
-from .common import of_kind, only
+from .common import group_by, of_kind, only
 
 # Xid -> (meaning, fatal for the GPU, caused by the application rather than the hardware).
 XIDS: Dict[int, Tuple[str, bool, bool]] = {
@@ -38,9 +38,7 @@ def _pci(raw: str) -> str:
 
 def xid_events(events: List[LogEvent]) -> List[TriageFinding]:
     """NVIDIA Xid lines per GPU and code; fatal codes are hardware roots, Xid 45 is a consequence."""
-    groups: Dict[Tuple[str, int], List[LogEvent]] = {}
-    for e in of_kind(events, "xid"):
-        groups.setdefault((_pci(str(e.fields["pci"])), int(e.fields["xid"])), []).append(e)
+    groups = group_by(events, "xid", lambda e: (_pci(str(e.fields["pci"])), int(e.fields["xid"])))
     bus = of_kind(events, "fallen_off_bus")
     if bus and not any(x == 79 for _, x in groups):
         groups[("", 79)] = bus
@@ -78,9 +76,7 @@ _CUDA = {
 
 def cuda_errors(events: List[LogEvent]) -> List[TriageFinding]:
     """CUDA runtime errors per message: ECC is hardware; illegal address / launch failure may be."""
-    groups: Dict[str, List[LogEvent]] = {}
-    for e in of_kind(events, "cuda_error"):
-        groups.setdefault(str(e.fields["msg"]), []).append(e)
+    groups = group_by(events, "cuda_error", lambda e: str(e.fields["msg"]))
     out: List[TriageFinding] = []
     for msg, evs in groups.items():
         conf, meaning, action = _CUDA.get(msg, (0.4, msg, "check the kernel log of that node for Xid"))

@@ -6,7 +6,7 @@ from typing import Dict, List
 
 from ...model import Verdict
 from ..model import LogEvent, TriageFinding, from_events
-from .common import of_kind, only, rank_nodes, ranks_text, world_size
+from .common import group_by, of_kind, only, rank_nodes, ranks_text, world_size
 
 
 def watchdog_timeouts(events: List[LogEvent]) -> List[TriageFinding]:
@@ -109,9 +109,7 @@ IB_STATUS = {
 
 def ib_completion_errors(events: List[LogEvent]) -> List[TriageFinding]:
     """NCCL NET/IB completion errors, with the ibv_wc_status decoded, per status."""
-    groups: Dict[int, List[LogEvent]] = {}
-    for e in of_kind(events, "ib_completion"):
-        groups.setdefault(int(e.fields["status"]), []).append(e)
+    groups = group_by(events, "ib_completion", lambda e: int(e.fields["status"]))
     out: List[TriageFinding] = []
     for status, evs in groups.items():
         name, meaning = IB_STATUS.get(status, (f"status {status}", "see ibv_wc_status in verbs.h"))

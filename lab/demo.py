@@ -1,0 +1,310 @@
+"""`make demo`: what slurm-triage shows an operator, on the local 4-node lab.
+
+1. a healthy 4-node job: every node's Prolog and Epilog verdict, the job summary;
+2. faults: node2's GPU 3 falls off the bus (Xid 79); a rank of an earlier job on node3
+   escaped its job and still holds an NCCL listener, a /dev/shm segment and GPU memory;
+3. a batch job lands on node2: drained with our reason, the job requeued and held;
+   released, it runs on healthy nodes; node3's Prolog names the leftovers;
+4. `srun --triage` on node3 is refused before launch, naming node3 and why;
+5. the in-step watcher catches a hang when node4's GPUs switch to busy-at-idle-power;
+6. the summaries read back from the Pushgateway and queried from Prometheus; `triage JOB`.
+
+Exit 0 when everything behaved as expected, 1 otherwise (each expectation is printed).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from labctl import DEFAULT_SCENARIO, ROOT, TEST_USER, Lab, find  # noqa: E402
+
+CLI = str(ROOT / ".venv" / "bin" / "slurm-triage")
+GREEN, RED, BOLD, DIM, OFF = ("\033[32m", "\033[31m", "\033[1m", "\033[2m", "\033[0m") \
+    if sys.stdout.isatty() else ("",) * 5
+# A rank that escapes its job (new session, reparented to init) and keeps an NCCL-like
+# listener and /dev/shm segment, as a crashed torchrun leaves them.
+ESCAPED_RANK = r"""
+import os, socket, sys, time
+out, shm = sys.argv[1], sys.argv[2]
+if os.fork():
+    os._exit(0)
+os.setsid()
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(8)
+fd = os.open(shm, os.O_CREAT | os.O_RDWR, 0o600); os.ftruncate(fd, 1 << 20)
+with open(out + ".tmp", "w") as fh:
+    fh.write(f"{os.getpid()} {s.getsockname()[1]}")
+os.rename(out + ".tmp", out)
+time.sleep(600)
+"""
+DEMO_CONFIG = """
+# --- added by lab/demo.py for the demo (removed when it ends) ---
+[watcher]
+interval_seconds = 1.0
+hang_window_seconds = 3.0
+straggler_window_seconds = 3.0
+"""
+
+
+class Demo:
+    def __init__(self, lab: Lab):
+        self.lab = lab
+        self.failures: List[str] = []
+        self.t0 = time.monotonic()
+        self.work = lab.dir / "demo"
+        self.work.mkdir(exist_ok=True)
+        os.chmod(self.work, 0o1777)
+        self.rank_pid = 0
+
+    # -- output ----------------------------------------------------------------------
+    def step(self, title: str) -> None:
+        print(f"\n{BOLD}==> {title}{OFF}  {DIM}[{time.monotonic() - self.t0:5.1f} s]{OFF}")
+
+    def show(self, text: str) -> None:
+        for line in text.rstrip().splitlines():
+            print(f"    {line}")
+
+    def expect(self, ok: bool, what: str) -> bool:
+        print(f"    {GREEN + '✔' if ok else RED + '✘'} {what}{OFF}")
+        if not ok:
+            self.failures.append(what)
+        return ok
+
+    # -- lab -----------------------------------------------------------------------------
+    def sh(self, *argv: str, user: Optional[str] = TEST_USER, timeout: float = 90) -> subprocess.CompletedProcess:
+        return self.lab.run(*argv, user=user, timeout=timeout)
+
+    def state(self, node: str, job: int, kind: str) -> Optional[Dict[str, Any]]:
+        try:
+            return json.loads((self.lab.node_dir(node) / "state" / "jobs" / str(job) / f"{kind}.json")
+                              .read_text())["data"]
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def wait(self, what: Callable[[], Any], seconds: float) -> Any:
+        deadline = time.monotonic() + seconds
+        while True:
+            got = what()
+            if got or time.monotonic() > deadline:
+                return got
+            time.sleep(0.3)
+
+    def groups(self) -> List[Dict[str, Any]]:
+        with urllib.request.urlopen(self.lab.pushgateway_url + "/api/v1/metrics", timeout=5) as r:
+            return json.load(r)["data"]
+
+    def prom(self, query: str) -> List[Dict[str, Any]]:
+        url = self.lab.prometheus_url + "/api/v1/query?" + urllib.parse.urlencode({"query": query})
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return json.load(r)["data"]["result"]
+
+    def findings_table(self, findings: List[Dict[str, Any]]) -> str:
+        rows = [f"{f['verdict']:<5} {f['id']:<20} {f['summary'][:110]}" for f in findings if f["verdict"] != "OK"]
+        return "\n".join(rows) or "(no findings)"
+
+    # -- the story -----------------------------------------------------------------------
+    def healthy_job(self) -> None:
+        self.step("A healthy 4-node job: Prolog and Epilog on every node")
+        r = self.sh("srun", "-N4", "sh", "-c", 'test "$SLURM_NODEID" = 0 && echo $SLURM_JOB_ID; true')
+        self.expect(r.returncode == 0, "srun -N4 ran")
+        job = int(r.stdout.split()[-1])
+        self.lab.wait_idle()
+        for node in self.lab.nodes:
+            pro, epi = self.state(node, job, "prolog"), self.wait(lambda: self.state(node, job, "epilog"), 20)
+            energy = sum((d.get("energy_joules") or 0) for d in (epi or {}).get("gpu_diff", {}).values())
+            self.show(f"{node}: Prolog {pro and pro['verdict']}, Epilog {epi and epi['verdict']}, "
+                      f"{len((pro or {}).get('job_gpus', []))} GPUs, job energy {energy:.0f} J")
+        self.expect(all((self.state(n, job, "prolog") or {}).get("verdict") == "OK" for n in self.lab.nodes),
+                    "every node's Prolog says OK")
+
+    def leave_a_rank_behind(self) -> Dict[str, Any]:
+        self.step("Job on node3 whose rank escapes and keeps an NCCL listener, /dev/shm and GPU 0")
+        out, shm = self.work / "rank", "/dev/shm/nccl-demo-rank"
+        script = self.work / "rank.py"
+        script.write_text(ESCAPED_RANK)
+        r = self.sh("srun", "-N1", "-w", "node3", "sh", "-c",
+                    f"echo $SLURM_JOB_ID; /usr/bin/python3 {script} {out} {shm} </dev/null >/dev/null 2>&1; "
+                    f"while [ ! -e {out} ]; do sleep 0.05; done")
+        job = int(r.stdout.split()[0])
+        pid, port = map(int, out.read_text().split())
+        # What NVML shows on a real node: the dead job's rank still holds GPU 0's memory.
+        scen = json.loads((ROOT / "tests/fakenvml/scenarios" / DEFAULT_SCENARIO).read_text())
+        scen["gpus"][0]["procs"] = [[pid, 61 << 30]]
+        scen["_source"] = "lab/demo.py: h100x8-idle with the escaped rank of job %d on GPU 0" % job
+        path = self.work / "node3-orphan.json"
+        path.write_text(json.dumps(scen))
+        self.lab.set_scenario("node3", str(path))
+        self.rank_pid = pid
+        self.show(f"job {job} ended; its rank pid {pid} still listens on 127.0.0.1:{port}, holds {shm}")
+        return {"job": job, "pid": pid, "port": port, "shm": shm}
+
+    def fault_and_requeue(self, rank: Dict[str, Any]) -> int:
+        self.step("node2's GPU 3 falls off the bus (Xid 79); a 3-node batch job lands on node[1-3]")
+        self.lab.set_scenario("node2", "h100x8-xid79.json")
+        self.lab.wait_idle()
+        job = self.lab.sbatch("-N3", "-o", "/dev/null", "--wrap", "srun hostname")
+
+        def held() -> Optional[Dict[str, str]]:  # requeued only once its Epilogs are done
+            i = self.lab.job_info(job)
+            return i if i.get("JobState") == "PENDING" and i.get("Reason") == "launch_failed_requeued_held" else None
+
+        info = self.wait(held, 40) or self.lab.job_info(job)
+        self.show(self.sh("sinfo", "-R", "-o", "%8N %9T %E", user=None).stdout)
+        self.show(self.sh("squeue", "-j", str(job), "-o", "%.6i %.9T %.30r", user=None).stdout)
+        reason = self.lab.node_info("node2").get("Reason", "")
+        self.expect(reason.startswith("triage: GPU-") and "Xid 79" in reason, "node2 drained with a triage: reason naming the GPU and Xid 79")
+        self.expect(info.get("Reason") == "launch_failed_requeued_held", "the batch job was requeued and held")
+        pro3 = self.wait(lambda: self.state("node3", job, "prolog"), 20) or {}
+        self.show("node3's Prolog for this job:\n" + self.findings_table(pro3.get("findings", [])))
+        text = json.dumps(pro3.get("findings", []))
+        self.expect(str(rank["pid"]) in text and str(rank["job"]) in text and rank["shm"] in text,
+                    f"node3's Prolog names the leftover rank {rank['pid']} of job {rank['job']} and its shm")
+        self.step("The operator releases the job: it runs on the healthy nodes")
+        self.sh("scontrol", "release", str(job), user=None)
+        # Slurm holds a requeued job back for a while (Reason=BeginTime); the operator need not wait.
+        self.sh("scontrol", "update", f"jobid={job}", "starttime=now", user=None)
+        done = self.lab.wait_job(job, timeout=60)
+        self.show(f"job {job}: {done['JobState']} on {done.get('NodeList')}, Restarts={done.get('Restarts')}")
+        self.expect(done["JobState"] == "COMPLETED" and "node2" not in self.expand(done.get("NodeList", "")),
+                    "the requeued job completed without node2")
+        return job
+
+    def expand(self, hostlist: str) -> List[str]:
+        from slurm_triage.gate import expand_hostlist
+
+        return expand_hostlist(hostlist)
+
+    def gate_refuses(self, rank: Dict[str, Any]) -> None:
+        self.step("srun --triage on node[1,3-4]: the gang gate refuses the bad allocation")
+        r = self.sh("srun", "--triage", "-N3", "-w", "node1,node3,node4", "hostname", timeout=90)
+        self.show(r.stderr)
+        self.expect(r.returncode != 0 and "node3" in r.stderr and not r.stdout.strip(),
+                    "nothing launched, node3 named")
+        os.kill(rank["pid"], signal.SIGKILL)
+        self.rank_pid = 0
+        os.unlink(rank["shm"])
+        self.lab.set_scenario("node3", DEFAULT_SCENARIO)
+        r = self.sh("srun", "--triage", "-N3", "-w", "node1,node3,node4", "hostname", timeout=90)
+        self.expect(r.returncode == 0 and len(r.stdout.split()) == 3, "after clean-up the same srun --triage launches")
+
+    def watcher_catches_a_hang(self) -> int:
+        self.step("srun --triage: node4's GPUs switch to 100 % util at idle power mid-step (NCCL hang)")
+        self.lab.set_scenario("node4", "h100x8-busy.json")
+        proc = subprocess.Popen(["runuser", "-u", TEST_USER, "--", "env", "-i", "PATH=/usr/bin:/bin",
+                                 f"SLURM_CONF={self.lab.slurm_conf}", "srun", "--triage", "-N3", "-w",
+                                 "node1,node3,node4", "sh", "-c",
+                                 'test "$SLURM_NODEID" = 0 && echo $SLURM_JOB_ID; sleep 12'],
+                                cwd=str(self.lab.workdir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(3)
+        self.lab.set_scenario("node4", "h100x8-nccl-hang.json")
+
+        def hang() -> Optional[Dict[str, Any]]:
+            for g in self.groups():
+                if g["labels"].get("phase") == "watch" and g["labels"].get("instance") == "node4":
+                    for m in (g.get("slurm_triage_hang_suspected") or {}).get("metrics", []):
+                        if float(m["value"]) == 1.0:
+                            return g
+            return None
+
+        g = self.wait(hang, 25)
+        self.expect(g is not None, "the watcher on node4 pushed slurm_triage_hang_suspected 1")
+        out, _ = proc.communicate(timeout=60)
+        job = int(out.split()[0]) if out.split() else 0
+        bundles = sorted((Path("/tmp") / f"slurm-triage-{self.uid()}" / str(job)).glob("hang-node4-*.json"))
+        self.show(f"evidence bundle: {bundles[-1] if bundles else 'none'}")
+        self.expect(bool(bundles), "an evidence bundle was written for the job, as the user")
+        self.lab.wait_idle()
+        left = subprocess.run(["pgrep", "-u", TEST_USER, "triage-watcher"], capture_output=True, text=True).stdout
+        self.expect(not left.strip(), "no watcher process outlived the step")
+        self.lab.set_scenario("node4", DEFAULT_SCENARIO)
+        return job
+
+    def uid(self) -> int:
+        import pwd
+
+        return pwd.getpwnam(TEST_USER).pw_uid
+
+    def summaries(self, jobs: List[int]) -> None:
+        self.step("What the Pushgateway and Prometheus hold")
+        rows = []
+        for g in self.groups():
+            lab = g["labels"]
+            if lab.get("job") != "slurm_triage":
+                continue
+            verdict = next((m["labels"] for m in (g.get("slurm_triage_node_verdict") or {}).get("metrics", [])
+                            if float(m["value"]) == 1.0), {})
+            rows.append(f"{lab.get('instance'):<6} {lab.get('phase'):<9} job {lab.get('slurm_job_id') or verdict.get('slurm_job_id', '-'):<5}"
+                        f" verdict {verdict.get('verdict', '-')}")
+        self.show("\n".join(sorted(rows)))
+        query = 'sum by (instance, slurm_job_id) (slurm_triage_job_gpu_energy_joules)'
+        res = self.wait(lambda: self.prom(query), 20)
+        self.show(f"Prometheus: {query}")
+        self.show("\n".join(f"{r['metric'].get('instance')} job {r['metric'].get('slurm_job_id')}: "
+                            f"{float(r['value'][1]):.0f} J" for r in res[:8]))
+        self.expect(bool(res), "Prometheus has the job summaries (scraped from the Pushgateway)")
+        self.step(f"triage {jobs[-1]}")
+        r = subprocess.run([CLI, "triage", str(jobs[-1])], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "SLURM_TRIAGE_CONFIG": str(self.lab.triage_config),
+                                "SLURM_CONF": self.lab.slurm_conf})
+        self.show(r.stdout[:3000])
+        self.expect(r.returncode in (0, 1), "triage ran")
+
+    def restore(self) -> None:
+        self.step("The operator resumes node2 once its GPU is back (only our drain reasons are ours to clear)")
+        self.lab.set_scenario("node2", DEFAULT_SCENARIO)
+        r = self.sh(CLI, "node", "resume", "node2", user=None)
+        self.show(r.stdout + r.stderr)
+        self.expect(r.returncode == 0, "slurm-triage node resume node2")
+
+
+def main() -> int:
+    lab = find()
+    if lab is None:
+        print("the lab is not up: run `make lab-up` (as root)", file=sys.stderr)
+        return 2
+    demo = Demo(lab)
+    lab.reset()
+    saved = lab.triage_config.read_text()
+    lab.triage_config.write_text(saved + DEMO_CONFIG)
+    os.environ["SLURM_TRIAGE_CONFIG"] = str(lab.triage_config)
+    jobs: List[int] = []
+    try:
+        demo.healthy_job()
+        rank = demo.leave_a_rank_behind()
+        jobs.append(demo.fault_and_requeue(rank))
+        demo.gate_refuses(rank)
+        jobs.append(demo.watcher_catches_a_hang())
+        demo.summaries(jobs)
+        demo.restore()
+    except Exception as e:  # noqa: BLE001 - the demo reports, then restores the lab
+        demo.expect(False, f"demo step failed: {type(e).__name__}: {e}")
+    finally:
+        lab.triage_config.write_text(saved)
+        if demo.rank_pid:
+            os.kill(demo.rank_pid, signal.SIGKILL)
+        for p in demo.work.glob("*"):
+            p.unlink()
+        if os.path.lexists("/dev/shm/nccl-demo-rank"):
+            os.unlink("/dev/shm/nccl-demo-rank")
+        lab.reset()
+    took = time.monotonic() - demo.t0
+    if demo.failures:
+        print(f"\n{RED}{BOLD}demo: {len(demo.failures)} expectation(s) failed in {took:.0f} s:{OFF}")
+        for f in demo.failures:
+            print(f"  - {f}")
+        return 1
+    print(f"\n{GREEN}{BOLD}demo: everything behaved as expected ({took:.0f} s){OFF}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

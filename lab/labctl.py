@@ -1,0 +1,202 @@
+"""Drive the local Slurm lab (`make lab-up`) from Python: the demo and the integration tests.
+
+The lab is found through $LAB_DIR/env.sh (LAB_DIR defaults to /tmp/slurm-lab). Jobs run as
+the unprivileged user `triage-test`, as on a real cluster, and every wait has a deadline.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable, Dict, Iterable, List, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+TEST_USER = "triage-test"
+DEFAULT_SCENARIO = "h100x8-idle.json"
+TERMINAL_JOB_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                       "BOOT_FAIL", "DEADLINE", "PREEMPTED")
+_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def lab_dir() -> Path:
+    return Path(os.environ.get("LAB_DIR") or "/tmp/slurm-lab")
+
+
+def read_env(path: Path) -> Dict[str, str]:
+    """The `export K=V` lines of env.sh (written by lab/up.sh) as a dict."""
+    env: Dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        words = shlex.split(line, comments=True)
+        if len(words) == 2 and words[0] == "export" and "=" in words[1]:
+            key, _, value = words[1].partition("=")
+            env[key] = value
+    return env
+
+
+class Lab:
+    """A running lab: its paths, URLs and Slurm commands run as root or as the test user."""
+
+    def __init__(self, env: Dict[str, str]):
+        self.env = env
+        self.dir = Path(env["LAB_DIR"])
+        self.slurm_conf = env["SLURM_CONF"]
+        self.pushgateway_url = env["PUSHGATEWAY_URL"]
+        self.prometheus_url = env["PROMETHEUS_URL"]
+        self.triage_config = Path(env["SLURM_TRIAGE_CONFIG"])
+        self.workdir = self.dir / "work"
+        self.nodes: List[str] = sorted(p.name for p in (self.dir / "nodes").iterdir())
+
+    # -- running commands ------------------------------------------------------------
+    def run(self, *argv: str, user: Optional[str] = TEST_USER, timeout: float = 60,
+            check: bool = False, extra_env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+        """Run a command with a clean env holding SLURM_CONF, in the lab's work dir.
+
+        `user` (default: the test user) takes effect when we are root; `user=None` runs as
+        ourselves. Jobs inherit this env, so nothing from pytest's environment leaks in.
+        """
+        env = {"PATH": _PATH, "LANG": "C.UTF-8", "SLURM_CONF": self.slurm_conf}
+        env.update(extra_env or {})
+        cmd = ["env", "-i"] + [f"{k}={v}" for k, v in env.items()] + list(argv)
+        if user is not None and os.geteuid() == 0:
+            cmd = ["runuser", "-u", user, "--"] + cmd
+        return subprocess.run(cmd, cwd=str(self.workdir), capture_output=True, text=True,
+                              timeout=timeout, check=check)
+
+    def srun(self, *args: str, **kw) -> subprocess.CompletedProcess:
+        return self.run("srun", *args, **kw)
+
+    def sbatch(self, *args: str, **kw) -> int:
+        """Submit with `sbatch --parsable ARGS`; the job id."""
+        out = self.run("sbatch", "--parsable", *args, check=True, **kw).stdout
+        return int(out.strip().split(";")[0])
+
+    def scontrol(self, *args: str, timeout: float = 30) -> str:
+        """`scontrol ARGS` as root (admin commands such as update/resume); stdout."""
+        return self.run("scontrol", *args, user=None, timeout=timeout, check=True).stdout
+
+    # -- nodes -------------------------------------------------------------------------
+    def node_info(self, node: str) -> Dict[str, str]:
+        """`scontrol show node -o NODE` as a dict (State=IDLE+DRAIN, Reason=..., ...)."""
+        return _parse_oneliner(self.scontrol("show", "node", "-o", node))
+
+    def node_state(self, node: str) -> str:
+        """Slurm's state words, e.g. 'IDLE', 'IDLE+DRAIN', 'ALLOCATED', 'DOWN+NOT_RESPONDING'."""
+        return self.node_info(node)["State"]
+
+    def wait_node(self, node: str, predicate: Callable[[str], bool], timeout: float = 30) -> str:
+        """Poll node_state until predicate(state) holds; the state, or AssertionError."""
+        return _wait(lambda: self.node_state(node), predicate, timeout, f"node {node}")
+
+    def wait_idle(self, nodes: Optional[Iterable[str]] = None, timeout: float = 30) -> None:
+        """Wait until the nodes are plain IDLE (no DRAIN, COMPLETING, ...)."""
+        for node in nodes or self.nodes:
+            self.wait_node(node, lambda s: s == "IDLE", timeout)
+
+    def resume(self, node: str) -> None:
+        """Return a drained/down node to service (no-op error if it already is)."""
+        self.run("scontrol", "update", f"nodename={node}", "state=resume", user=None)
+
+    def node_dir(self, node: str) -> Path:
+        """$LAB_DIR/nodes/NODE: nvml/, state/, spool/, kernel.log."""
+        return self.dir / "nodes" / node
+
+    def scenario(self, node: str) -> str:
+        """File name of the fake-GPU scenario NODE uses (target of nvml/scenario.json)."""
+        return Path(os.readlink(self.node_dir(node) / "nvml" / "scenario.json")).name
+
+    def set_scenario(self, node: str, scenario: str) -> None:
+        """Switch NODE to SCENARIO (name or path) and its recorded kernel log (lab/set-scenario)."""
+        subprocess.run([str(ROOT / "lab" / "set-scenario"), node, scenario], check=True,
+                       capture_output=True, text=True, env={**os.environ, "LAB_DIR": str(self.dir)})
+
+    def reset(self, timeout: float = 30) -> None:
+        """Default scenario everywhere, no jobs, every node resumed and IDLE (test isolation)."""
+        self.run("scancel", "-u", TEST_USER, user=None)
+        for node in self.nodes:
+            if self.scenario(node) != DEFAULT_SCENARIO:
+                self.set_scenario(node, DEFAULT_SCENARIO)
+        # An Epilog still running from a faulty scenario may drain again after a resume:
+        # resume only once nothing is completing.
+        for node in self.nodes:
+            self.wait_node(node, lambda s: "COMPLETING" not in s, timeout)
+            if any(w in self.node_state(node) for w in ("DRAIN", "DOWN", "FAIL")):
+                self.resume(node)
+        self.wait_idle(timeout=timeout)
+
+    # -- jobs --------------------------------------------------------------------------
+    def job_info(self, job_id: int) -> Dict[str, str]:
+        """`scontrol show job -o ID` as a dict (JobState, Reason, ExitCode, NodeList, ...)."""
+        return _parse_oneliner(self.scontrol("show", "job", "-o", str(job_id)))
+
+    def wait_job(self, job_id: int, states: Iterable[str] = TERMINAL_JOB_STATES,
+                 timeout: float = 60) -> Dict[str, str]:
+        """Poll until JobState is one of `states`; the job's info."""
+        wanted = tuple(states)
+        info: Dict[str, str] = {}
+
+        def poll() -> str:
+            info.update(self.job_info(job_id))
+            return info["JobState"]
+
+        _wait(poll, lambda s: s in wanted, timeout, f"job {job_id}")
+        return info
+
+    def sacct(self, job_id: int, fields: str = "JobID,JobName,User,State,ExitCode,NodeList") -> List[Dict[str, str]]:
+        """Accounting rows (job and steps) for JOB_ID from slurmdbd."""
+        out = self.run("sacct", "-n", "-P", "-j", str(job_id), "-o", fields, user=None, check=True).stdout
+        names = fields.split(",")
+        return [dict(zip(names, line.split("|"))) for line in out.splitlines() if line]
+
+    # -- daemons -----------------------------------------------------------------------
+    def daemon_pids(self) -> Dict[str, int]:
+        """name -> pid of every lab daemon alive, from the pid files lab/up.sh keeps."""
+        files = {"munged": self.dir / "munge" / "munged.pid"}
+        files.update({p.name[:-4]: p for p in (self.dir / "run").glob("*.pid")})
+        pids: Dict[str, int] = {}
+        for name, path in files.items():
+            try:
+                pid = int(path.read_text().split()[0])
+                os.kill(pid, 0)
+            except (OSError, ValueError, IndexError):
+                continue
+            pids[name] = pid
+        return pids
+
+
+def _parse_oneliner(text: str) -> Dict[str, str]:
+    """`scontrol show ... -o` output: space-separated Key=Value (values may not contain '=')."""
+    out: Dict[str, str] = {}
+    key = ""
+    for word in text.strip().split(" "):
+        if "=" in word:
+            key, _, value = word.partition("=")
+            out[key] = value
+        elif key:  # a value with spaces, e.g. Reason=Prolog error [root@...]
+            out[key] += " " + word
+    return out
+
+
+def _wait(poll: Callable[[], str], predicate: Callable[[str], bool], timeout: float, what: str) -> str:
+    deadline = time.monotonic() + timeout
+    value = poll()
+    while not predicate(value):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: still {value!r} after {timeout}s")
+        time.sleep(0.2)
+        value = poll()
+    return value
+
+
+def find() -> Optional[Lab]:
+    """The running lab, or None (no env.sh, or slurmctld does not answer)."""
+    env_file = lab_dir() / "env.sh"
+    if not env_file.is_file():
+        return None
+    lab = Lab(read_env(env_file))
+    try:
+        ping = lab.run("scontrol", "ping", user=None, timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return lab if ping.returncode == 0 and "UP" in ping.stdout else None
