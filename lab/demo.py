@@ -145,6 +145,11 @@ class Demo:
         self.lab.set_scenario("node3", str(path))
         self.rank_pid = pid
         self.show(f"job {job} ended; its rank pid {pid} still listens on 127.0.0.1:{port}, holds {shm}")
+        # From here on the Epilogs clean up after their own job (hooks.cleanup): what a site
+        # turns on once it trusts the tool. Job {job}'s rank stays: it is not theirs to kill.
+        self.lab.wait_idle(["node3"])  # job {job}'s Epilog is done
+        with open(self.lab.triage_config, "a") as fh:
+            fh.write("\n[hooks]\ncleanup = true\ncleanup_grace_seconds = 1.0\n")
         return {"job": job, "pid": pid, "port": port, "shm": shm}
 
     def fault_and_requeue(self, rank: Dict[str, Any]) -> int:
@@ -174,6 +179,11 @@ class Demo:
         self.sh("scontrol", "update", f"jobid={job}", "starttime=now", user=None)
         done = self.lab.wait_job(job, timeout=60)
         self.show(f"job {job}: {done['JobState']} on {done.get('NodeList')}, Restarts={done.get('Restarts')}")
+        self.lab.wait_idle(["node1", "node3", "node4"])
+        for node in ("node1", "node3", "node4"):
+            killed = ((self.state(node, job, "epilog") or {}).get("cleanup") or {}).get("killed")
+            if killed:
+                self.show(f"{node}: the Epilog killed what the failed first launch left behind: pids {killed}")
         self.expect(done["JobState"] == "COMPLETED" and "node2" not in self.expand(done.get("NodeList", "")),
                     "the requeued job completed without node2")
         return job
@@ -198,6 +208,7 @@ class Demo:
 
     def watcher_catches_a_hang(self) -> int:
         self.step("srun --triage: node4's GPUs switch to 100 % util at idle power mid-step (NCCL hang)")
+        self.lab.wait_idle(["node1", "node3", "node4"])  # the last job's Epilogs read the old scenario
         self.lab.set_scenario("node4", "h100x8-busy.json")
         proc = subprocess.Popen(["runuser", "-u", TEST_USER, "--", "env", "-i", "PATH=/usr/bin:/bin",
                                  f"SLURM_CONF={self.lab.slurm_conf}", "srun", "--triage", "-N3", "-w",
@@ -222,9 +233,12 @@ class Demo:
         bundles = sorted((Path("/tmp") / f"slurm-triage-{self.uid()}" / str(job)).glob("hang-node4-*.json"))
         self.show(f"evidence bundle: {bundles[-1] if bundles else 'none'}")
         self.expect(bool(bundles), "an evidence bundle was written for the job, as the user")
-        self.lab.wait_idle()
-        left = subprocess.run(["pgrep", "-u", TEST_USER, "triage-watcher"], capture_output=True, text=True).stdout
-        self.expect(not left.strip(), "no watcher process outlived the step")
+        self.lab.wait_idle(["node1", "node3", "node4"])
+        def watchers() -> str:
+            return subprocess.run(["pgrep", "-u", TEST_USER, "triage-watcher"], capture_output=True,
+                                  text=True).stdout.strip()
+
+        self.expect(self.wait(lambda: not watchers(), 5), "no watcher process outlived the step")
         self.lab.set_scenario("node4", DEFAULT_SCENARIO)
         return job
 
@@ -256,7 +270,9 @@ class Demo:
                            env={**os.environ, "SLURM_TRIAGE_CONFIG": str(self.lab.triage_config),
                                 "SLURM_CONF": self.lab.slurm_conf})
         self.show(r.stdout[:3000])
-        self.expect(r.returncode in (0, 1), "triage ran")
+        root = r.stdout.split("ROOT CAUSE", 1)[-1].splitlines()[0:2] if "ROOT CAUSE" in r.stdout else []
+        self.expect(r.returncode == 1 and "collective_hang" in " ".join(root) and "node4" in " ".join(root),
+                    "triage names the collective hang on node4 as the root cause")
 
     def restore(self) -> None:
         self.step("The operator resumes node2 once its GPU is back (only our drain reasons are ours to clear)")
@@ -290,7 +306,10 @@ def main() -> int:
     finally:
         lab.triage_config.write_text(saved)
         if demo.rank_pid:
-            os.kill(demo.rank_pid, signal.SIGKILL)
+            try:
+                os.kill(demo.rank_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         for p in demo.work.glob("*"):
             p.unlink()
         if os.path.lexists("/dev/shm/nccl-demo-rank"):

@@ -6,6 +6,8 @@ the unprivileged user `triage-test`, as on a real cluster, and every wait has a 
 from __future__ import annotations
 
 import os
+import pwd
+import signal
 import shlex
 import subprocess
 import time
@@ -124,6 +126,24 @@ class Lab:
             if any(w in self.node_state(node) for w in ("DRAIN", "DOWN", "FAIL")):
                 self.resume(node)
         self.wait_idle(timeout=timeout)
+        self.kill_user_processes()
+
+    def kill_user_processes(self) -> List[int]:
+        """SIGKILL, by pid, what the test user still runs with no job left (leftovers that
+        tests and the demo provoke on purpose, or a failed launch left); the pids."""
+        uid = pwd.getpwnam(TEST_USER).pw_uid
+        killed = []
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                if os.stat(f"/proc/{d}").st_uid != uid:
+                    continue
+                os.kill(int(d), signal.SIGKILL)
+                killed.append(int(d))
+            except (OSError, ProcessLookupError):
+                continue
+        return killed
 
     # -- jobs --------------------------------------------------------------------------
     def job_info(self, job_id: int) -> Dict[str, str]:

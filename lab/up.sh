@@ -36,7 +36,7 @@ wait_for() {   # wait_for <seconds> <what> <command...>
 render() {     # render <template> <dest> [mode]: substitute @KEY@ placeholders
   sed -e "s|@LAB_DIR@|$LAB_DIR|g" -e "s|@CTLD_PORT@|$CTLD_PORT|g" -e "s|@DBD_PORT@|$DBD_PORT|g" \
       -e "s|@DB_PORT@|$DB_PORT|g" -e "s|@PUSHGW_PORT@|$PUSHGW_PORT|g" -e "s|@NODES@|$LAB_NODES|g" \
-      -e "s|@NODE_EXPORTER_PORT@|$NODE_EXPORTER_PORT|g" -e "s|@DB_PASS@|${DB_PASS:-}|g" \
+      -e "s|@NODE_EXPORTER_PORT@|$NODE_EXPORTER_PORT|g" -e "s|@PROM_PORT@|$PROM_PORT|g" -e "s|@DB_PASS@|${DB_PASS:-}|g" \
       -e "s|@KIND@|${KIND:-}|g" -e "s|@HOOK@|${HOOK:-}|g" "$1" > "$2"
   chmod "${3:-644}" "$2"
 }

@@ -150,3 +150,27 @@ def test_exports_cover_collect_gpu(fakenvml_lib):
     assert len(wrappers) > 20
     assert needed <= syms, needed - syms
     assert os.path.basename(fakenvml_lib) == "libnvidia-ml.so.1"
+
+
+
+ENERGY = r"""
+import ctypes, json, sys, time
+ctypes.CDLL(sys.argv[1])
+import pynvml
+pynvml.nvmlInit()
+h = pynvml.nvmlDeviceGetHandleByIndex(0)
+e0, t0 = pynvml.nvmlDeviceGetTotalEnergyConsumption(h), time.monotonic()
+time.sleep(0.5)
+e1, t1 = pynvml.nvmlDeviceGetTotalEnergyConsumption(h), time.monotonic()
+print(json.dumps({"e0": e0, "e1": e1, "seconds": t1 - t0, "power": pynvml.nvmlDeviceGetPowerUsage(h)}))
+"""
+
+
+def test_energy_is_a_counter_that_grows_with_power(fakenvml_lib):
+    """Total energy rises by about power x elapsed time between two reads (mJ = mW x s)."""
+    env = {"PATH": "/usr/bin:/bin", "FAKENVML_SCENARIO": str(SCENARIOS / "h100x8-busy.json")}
+    r = subprocess.run([sys.executable, "-c", ENERGY, str(fakenvml_lib)], env=env, capture_output=True,
+                       text=True, timeout=30)
+    out = json.loads(r.stdout)
+    assert out["e1"] > out["e0"]
+    assert abs((out["e1"] - out["e0"]) - out["power"] * out["seconds"]) <= out["power"] * 0.05

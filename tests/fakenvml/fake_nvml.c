@@ -618,10 +618,16 @@ EXPORT nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigne
     return NVML_SUCCESS;
 }
 
+/* A counter, as on a real GPU: the scenario's value plus what the current power draw adds
+ * up to since boot (CLOCK_BOOTTIME is the same in every process), so an Epilog sees the
+ * energy a job used rise by power x duration, and never fall. */
 EXPORT nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned long long *energy)
 {
+    struct timespec now;
     DEV_GUARD(device, energy);
-    *energy = device->energy_mj;
+    clock_gettime(CLOCK_BOOTTIME, &now);
+    *energy = device->energy_mj + (unsigned long long)device->power_mw * (unsigned long long)now.tv_sec
+              + (unsigned long long)device->power_mw * (unsigned long long)(now.tv_nsec / 1000000) / 1000ULL;
     return NVML_SUCCESS;
 }
 

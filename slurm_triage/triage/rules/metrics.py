@@ -117,22 +117,25 @@ def power_axiom_hang(ev: JobEvidence) -> List[TriageFinding]:
     """Windows where GPUs were busy at near-idle power with clocks up: ranks spinning in a collective."""
     m = ev.metrics or {}
     step = float((m.get("window") or {}).get("step") or 60.0)
-    spans: List[Tuple[float, float, str]] = [(a, b + step, n) for n, rs in (m.get("hang") or {}).items() for a, b in rs]
-    spans += [(a, b + step, n) for n, rs in (m.get("watch_hang") or {}).items() for a, b in rs]
+    # The watcher's flag already held for its own window: it is not held to hang_min_seconds.
+    spans: List[Tuple[float, float, str, bool]] = [
+        (a, b + step, n, False) for n, rs in (m.get("hang") or {}).items() for a, b in rs]
+    spans += [(a, b + step, n, True) for n, rs in (m.get("watch_hang") or {}).items() for a, b in rs]
     live = sorted(n for n, f in ev.nodes.items() if f.get("watch", {}).get("hang_suspected"))
     windows: List[List[Any]] = []
-    for a, b, n in sorted(spans):
+    for a, b, n, watched in sorted(spans):
         if windows and a <= windows[-1][1] + step:
             windows[-1][1] = max(windows[-1][1], b)
             windows[-1][2].add(n)
+            windows[-1][3] = windows[-1][3] or watched
         else:
-            windows.append([a, b, {n}])
-    windows = [w for w in windows if w[1] - w[0] >= float(ev.setting("hang_min_seconds"))]
+            windows.append([a, b, {n}, watched])
+    windows = [w for w in windows if w[3] or w[1] - w[0] >= float(ev.setting("hang_min_seconds"))]
     if not windows and not live:
         return []
     nodes = sorted(set().union(*(w[2] for w in windows)) | set(live)) if windows else live
     first = windows[0] if windows else None
-    desc = ", ".join(f"{_t(a)} – {_t(b)} ({(b - a) / 60:.0f} min, {len(ns)} node(s))" for a, b, ns in windows[:5])
+    desc = ", ".join(f"{_t(a)} – {_t(b)} ({_span(b - a)}, {len(ns)} node(s))" for a, b, ns, _ in windows[:5])
     return [_finding(
         first[0] if first else None, id="metric.hang", category="collective_hang", verdict=Verdict.FAIL,
         confidence=0.7, node=nodes[0] if len(nodes) == 1 else None,
@@ -140,9 +143,14 @@ def power_axiom_hang(ev: JobEvidence) -> List[TriageFinding]:
                  f"(watcher flag on {', '.join(live)})")),
         action="the ranks wait in a collective for a peer: find the first failure or the straggler "
                "(earlier finding); py-spy dump every rank if it recurs",
-        evidence={"windows": [{"start": a, "end": b, "nodes": sorted(ns)} for a, b, ns in windows[:10]],
+        evidence={"windows": [{"start": a, "end": b, "nodes": sorted(ns), "watcher": w}
+                              for a, b, ns, w in windows[:10]],
                   "nodes": nodes, "watcher_flag_nodes": live},
         consequence=True)]
+
+
+def _span(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
 
 
 def _t(ts: float) -> str:
