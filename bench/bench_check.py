@@ -39,13 +39,15 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--procs", type=int, default=2000)
     ap.add_argument("--scenario", default="h100x8-idle.json")
+    ap.add_argument("--fleet-job", default=None, metavar="JOBID",
+                    help="give the extra processes SLURM_JOB_ID=JOBID (a dead job: every one is a leftover)")
     ap.add_argument("--format", choices=("text", "json"), default="text")
     args = ap.parse_args()
     subprocess.run(["make", "-s", "-C", str(ROOT / "tests/fakenvml")], check=True)
     lib = ROOT / "tests/fakenvml/build/libnvidia-ml.so.1"
     py = sys.executable
     env = dict(os.environ, FAKENVML_SCENARIO=str(ROOT / "tests/fakenvml/scenarios" / args.scenario))
-    with tempfile.TemporaryDirectory() as tmp, Fleet(args.procs, job_id="777001"):
+    with tempfile.TemporaryDirectory() as tmp, Fleet(args.procs, job_id=args.fleet_job):
         variants: Dict[str, List[str]] = {
             "python -I -c pass (floor)": [py, "-I", "-c", "pass"],
             "check, all collectors": [py, "-I", "-m", "slurm_triage", "--config", _config(tmp, True, lib),
@@ -67,7 +69,7 @@ def main() -> None:
         print(file=sys.stderr)
     med = {k: statistics.median(v) for k, v in times.items()}
     full = med["check, all collectors"]
-    out = {"runs": args.runs, "extra_processes": args.procs, "scenario": args.scenario,
+    out = {"runs": args.runs, "extra_processes": args.procs, "fleet_job": args.fleet_job, "scenario": args.scenario,
            "median_seconds": {k: round(v, 4) for k, v in med.items()},
            "min_seconds": {k: round(min(v), 4) for k, v in times.items()},
            "ratio_no_gpu_vs_full": round(med["check, no GPU"] / full, 3),
@@ -75,8 +77,8 @@ def main() -> None:
     if args.format == "json":
         print(json.dumps(out, indent=1))
         return
-    print(f"slurm-triage check, {args.runs} runs, {args.procs} extra processes holding sockets, "
-          f"8-GPU fake NVML ({args.scenario})")
+    print(f"slurm-triage check, {args.runs} runs, {args.procs} extra processes holding sockets"
+          f"{' of dead job ' + args.fleet_job if args.fleet_job else ''}, 8-GPU fake NVML ({args.scenario})")
     for k, v in med.items():
         print(f"  {k:<28} median {v * 1000:7.1f} ms   min {min(times[k]) * 1000:7.1f} ms")
     print(f"  no-GPU / full ratio: {out['ratio_no_gpu_vs_full']}   goal ≤ 300 ms: "

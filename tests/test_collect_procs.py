@@ -166,15 +166,17 @@ def test_mapped_communication_libraries(tmp_path: Path) -> None:
 def test_only_processes_of_interest_are_listed() -> None:
     sleeper = subprocess.Popen(["sleep", "60"], env={"PATH": "/usr/bin:/bin"})
     try:
-        with JobProcess(None) as plain:  # a loopback listener, no job: listed for its listener only
+        with JobProcess(None) as plain, JobProcess("424242") as rank:
             facts = procs.collect(make_cfg())
     finally:
         sleeper.kill()
         sleeper.wait()
-    assert sleeper.pid not in {p["pid"] for p in facts["processes"]}
-    p = by_pid(facts, plain.pid)
-    assert p["job_id"] is None and p["job_source"] is None and p["libs"] == [] and "node" not in p
-    assert p["listen"] == [{"proto": "tcp", "addr": "127.0.0.1", "port": plain.port}]
+    listed = {p["pid"] for p in facts["processes"]}
+    # a loopback listener outside any job (an sshd, a local dashboard) is not a leftover candidate
+    assert sleeper.pid not in listed and plain.pid not in listed
+    p = by_pid(facts, rank.pid)
+    assert p["job_id"] == "424242" and p["job_source"] == "environ" and p["libs"] == [] and "node" not in p
+    assert p["listen"] == [{"proto": "tcp", "addr": "127.0.0.1", "port": rank.port}]
 
 
 def test_decode_addr_from_recorded_proc_net_lines() -> None:

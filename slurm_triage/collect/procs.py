@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import stat as stat_mod
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from ..config import Config
 from . import jobs
@@ -131,6 +131,18 @@ def _maps(proc: str, pid: int, ipc_prefixes: List[bytes]) -> Tuple[List[str], Li
     return libs, sorted(shm)
 
 
+def _details(proc: str, want: List[Any], ipc_prefixes: List[bytes]) -> List[Any]:
+    """[pid, environ vars or {}, (libs, mapped IPC files) or None, cmdline] for one candidate.
+
+    maps (the costliest file) only for job and GPU processes, the environ's SLURM_JOB_ID
+    included; cmdline for every candidate, since whether it is listed is decided after this.
+    """
+    pid, need_env, job_or_gpu = want
+    env = _environ(proc, pid) if need_env else {}
+    maps = list(_maps(proc, pid, ipc_prefixes)) if job_or_gpu or env.get("SLURM_JOB_ID") else None
+    return [pid, env, maps, _cmdline(proc, pid).replace(b"\0", b" ").decode(errors="replace").strip()]
+
+
 def _cmdline(proc: str, pid: int) -> bytes:
     try:
         return _read(f"{proc}/{pid}/cmdline", CMDLINE_MAX)
@@ -153,14 +165,51 @@ class _Proc:
         self.node: Optional[str] = None
 
 
-def _scan(proc: str, ipc_dirs: List[str], boot: float, hz: int) -> Dict[int, _Proc]:
+    def dump(self) -> List[Any]:
+        return [getattr(self, k) for k in self.__slots__]
+
+    @classmethod
+    def load(cls, row: List[Any]) -> "_Proc":
+        p = cls.__new__(cls)
+        for k, v in zip(cls.__slots__, row):
+            setattr(p, k, v)
+        return p
+
+
+# Above this many processes the per-process reads are split over forked children, one per
+# CPU (at most PARALLEL_MAX): the Prolog's cost then stays flat on big, busy nodes.
+PARALLEL_ABOVE = 400
+PARALLEL_MAX = 8
+
+
+def _parallel(fn: Callable[[List[Any]], List[Any]], items: List[Any], seconds: float) -> List[Any]:
+    """``fn(items)``, in up to PARALLEL_MAX forked children when there are many items."""
+    k = min(PARALLEL_MAX, os.cpu_count() or 1, len(items) // (PARALLEL_ABOVE // 2))
+    if len(items) <= PARALLEL_ABOVE or k < 2:
+        return fn(items)
+    from ..deadline import run_probes
+
+    chunks = {str(i): (lambda c=items[i::k]: fn(c), seconds) for i in range(k)}
+    out: List[Any] = []
+    for name, r in sorted(run_probes(chunks).items()):
+        if not r.ok:
+            raise RuntimeError(f"process scan part {name}: {r.error}")
+        out.extend(r.value)
+    return out
+
+
+def _scan(proc: str, ipc_dirs: List[str], boot: float, hz: int, seconds: float) -> Dict[int, _Proc]:
     """Every user-space process with its fds and cgroup job: the linear part of the scan."""
-    procs: Dict[int, _Proc] = {}
+    pids = [int(n) for n in os.listdir(proc) if n.isdigit()]
+    rows = _parallel(lambda part: [p.dump() for p in _scan_pids(proc, part, ipc_dirs, boot, hz)], pids, seconds)
+    return {row[0]: _Proc.load(row) for row in rows}
+
+
+def _scan_pids(proc: str, pids: List[int], ipc_dirs: List[str], boot: float, hz: int) -> List[_Proc]:
+    procs: List[_Proc] = []
     dir_prefixes = tuple(d.rstrip("/") + "/" for d in ipc_dirs)
-    for name in os.listdir(proc):
-        if not name.isdigit():
-            continue
-        pid = int(name)
+    for pid in pids:
+        name = str(pid)
         base = f"{proc}/{name}"
         try:
             data = _read(base + "/stat", 4096)
@@ -195,7 +244,7 @@ def _scan(proc: str, ipc_dirs: List[str], boot: float, hz: int) -> Dict[int, _Pr
                 p.nvidia.append(link)
             elif link.startswith(dir_prefixes) and ipc_kind(os.path.basename(link)):
                 p.shm.append(link)
-        procs[pid] = p
+        procs.append(p)
     return procs
 
 
@@ -229,12 +278,22 @@ def collect(cfg: Config) -> Dict[str, Any]:
     ipc_dirs = list(cfg.get("procs", "ipc_dirs"))
     inet = _inet_table(proc)
     unix = _unix_inodes(proc)
-    procs = _scan(proc, ipc_dirs, _boot_time(proc), os.sysconf("SC_CLK_TCK"))
+    seconds = cfg.get("procs", "deadline_seconds")
+    procs = _scan(proc, ipc_dirs, _boot_time(proc), os.sysconf("SC_CLK_TCK"), seconds)
     ours = _ancestors(procs, os.getpid())  # hooks run with SLURM_JOB_ID set: never report ourselves
     ipc_prefixes = [d.rstrip("/").encode() + b"/" for d in ipc_dirs]
 
     running: Set[str] = set()
     memo: Dict[int, bool] = {}
+    # Which costly files each process needs, decided on the whole tree, then read in parallel.
+    wants: List[List[Any]] = []
+    for p in procs.values():
+        if p.comm == "slurmstepd" or p.pid in ours:
+            continue
+        env = p.job is None and bool(p.socks or p.nvidia or p.shm or p.uid != 0 or _under_stepd(procs, p.pid, memo))
+        wants.append([p.pid, env, bool(p.job or p.nvidia)])
+    extra = {row[0]: row for row in _parallel(lambda part: [_details(proc, w, ipc_prefixes) for w in part],
+                                              wants, seconds)}
     out_procs: List[Dict[str, Any]] = []
     holders: Dict[int, List[_Proc]] = {}
     for p in procs.values():
@@ -244,15 +303,14 @@ def collect(cfg: Config) -> Dict[str, Any]:
                 running.add(jid)
         if p.pid in ours:
             continue
-        held = bool(p.socks or p.nvidia or p.shm)
-        if p.job is None and (held or p.uid != 0 or _under_stepd(procs, p.pid, memo)):
-            env = _environ(proc, p.pid)
+        _, env, maps, cmdline = extra.get(p.pid, [p.pid, {}, None, ""])
+        if p.job is None and env:
             p.job = env.get("SLURM_JOB_ID") or None
             p.source = "environ" if p.job else None
             p.node = env.get("SLURMD_NODENAME")
         libs: List[str] = []
-        if p.job or p.nvidia:  # maps is the costliest file: only for job and GPU processes
-            libs, mapped = _maps(proc, p.pid, ipc_prefixes)
+        if maps is not None and (p.job or p.nvidia):  # maps is the costliest file: job and GPU processes
+            libs, mapped = maps
             p.shm = sorted(set(p.shm) | set(mapped))
         listen: List[Dict[str, Any]] = []
         tcp = nunix = 0
@@ -267,11 +325,11 @@ def collect(cfg: Config) -> Dict[str, Any]:
                 holders.setdefault(inode, []).append(p)
             else:
                 tcp += 1
-        if not (p.job or libs or p.nvidia or listen):
-            continue
+        if not (p.job or libs or p.nvidia):
+            continue  # a listener outside any job (sshd, a dashboard) shows in `listeners` only
         row: Dict[str, Any] = {
             "pid": p.pid, "ppid": p.ppid, "uid": p.uid, "start_time": p.start, "comm": p.comm,
-            "cmdline": _cmdline(proc, p.pid).replace(b"\0", b" ").decode(errors="replace").strip(),
+            "cmdline": cmdline,
             "threads": p.threads, "state": p.state, "job_id": p.job, "job_source": p.source,
             "libs": libs, "dev_nvidia": sorted(set(p.nvidia)), "shm": p.shm,
             "listen": sorted(listen, key=lambda x: (x["port"], x["proto"])),
