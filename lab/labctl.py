@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import os
 import pwd
-import signal
 import shlex
+import signal
 import subprocess
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional
+from typing import Callable, Dict, Iterable, Iterator, List, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_USER = "triage-test"
@@ -127,6 +128,17 @@ class Lab:
                 self.resume(node)
         self.wait_idle(timeout=timeout)
         self.kill_user_processes()
+
+    @contextmanager
+    def config(self, extra: str = "", replace: str = "") -> Iterator[None]:
+        """Append to (or replace) the lab's slurm-triage config while the block runs; srun,
+        slurmstepd and the hooks read it afresh for every job."""
+        saved = self.triage_config.read_text()
+        self.triage_config.write_text(replace if replace else saved + "\n" + extra)
+        try:
+            yield
+        finally:
+            self.triage_config.write_text(saved)
 
     def kill_user_processes(self) -> List[int]:
         """SIGKILL, by pid, what the test user still runs with no job left (leftovers that

@@ -83,18 +83,6 @@ def srun_job(lab: labmod.Lab, *args: str, timeout: float = 60) -> int:
     return last_job_id(r.stdout)
 
 
-@contextmanager
-def lab_config(lab: labmod.Lab, extra: str = "", replace: str = "") -> Iterator[None]:
-    """Append to (or replace) the lab's slurm-triage config for the duration of a test."""
-    path = lab.triage_config
-    saved = path.read_text()
-    path.write_text(replace if replace else saved + "\n" + extra)
-    try:
-        yield
-    finally:
-        path.write_text(saved)
-
-
 def test_prolog_and_epilog_run_on_every_node_for_srun(lab):
     job = srun_job(lab)
     lab.wait_idle()
@@ -213,7 +201,7 @@ def test_next_jobs_prolog_reports_the_previous_jobs_leftovers(lab):
 
 
 def test_epilog_cleans_this_jobs_leftovers_and_spares_another_running_job(lab):
-    with lab_config(lab, "[hooks]\ncleanup = true\ncleanup_grace_seconds = 1.0\n"):
+    with lab.config("[hooks]\ncleanup = true\ncleanup_grace_seconds = 1.0\n"):
         other = lab.sbatch("-N1", "-n1", "-w", "node1", "-o", "/dev/null", "--wrap", "sleep 60")
         lab.wait_job(other, states=("RUNNING",), timeout=30)
         deadline = time.monotonic() + 20
@@ -297,7 +285,7 @@ def test_broken_config_jobs_still_run_and_the_error_is_logged_once_per_run(lab):
     logs = {n: lab.node_dir(n) / "state" / "hooks.log" for n in lab.nodes}
     count = lambda n: logs[n].read_text().count("hooks.prolog_deadline_seconds") if logs[n].exists() else 0  # noqa: E731
     before = {n: count(n) for n in lab.nodes}
-    with lab_config(lab, "[hooks]\nprolog_deadline_seconds = 'soon'\n"):
+    with lab.config("[hooks]\nprolog_deadline_seconds = 'soon'\n"):
         r = lab.srun("-N4", "true", timeout=60)
         lab.wait_idle()
     assert r.returncode == 0, r.stderr
