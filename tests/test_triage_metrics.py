@@ -62,6 +62,7 @@ def test_range_step_stays_under_the_point_limit() -> None:
     step = prometheus.range_step(eleven_days, 10000)
     assert step >= 87 and eleven_days / step <= 11000
     assert prometheus.range_step(3600, 10000) == 15.0
+    assert prometheus.range_step(13, 10000) == 2.0  # a 13 s job is still seen several times
     assert prometheus.runs([0, 60, 120, 600, 660], 60) == [(0, 120), (600, 660)]
 
 

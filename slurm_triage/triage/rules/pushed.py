@@ -11,10 +11,12 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from ...model import Verdict
 from ..model import JobEvidence, TriageFinding
 
-_HARDWARE_PREFIX = {"gpu.": "gpu_hardware", "kernel.": "gpu_hardware", "rdma.": "network"}
+# Longest prefix first: heat and throttling are thermal_power, other GPU checks hardware.
+_HARDWARE_PREFIX = {"gpu.temperature": "thermal_power", "gpu.throttle": "thermal_power", "gpu.": "gpu_hardware",
+                    "kernel.": "gpu_hardware", "rdma.": "network"}
 
 
-_PHASES = {"prolog": 0, "watch": 1, "epilog": 2, "summary": 3}
+_PHASES = {"prolog": 0, "watch": 1, "epilog": 2, "last_job": 3}
 
 
 def _each(ev: JobEvidence) -> Iterator[Tuple[str, Dict[str, Any]]]:
@@ -64,7 +66,7 @@ def leftovers(ev: JobEvidence) -> List[TriageFinding]:
     n_left = {n: f.get("leftover_processes") for n, f in ev.nodes.items() if f.get("leftover_processes")}
     if n_left and not out:
         for node, count in sorted(n_left.items()):
-            out.append(_make(node, {"id": "leftover.process", "phase": "summary", "verdict": "WARN"},
+            out.append(_make(node, {"id": "leftover.process", "phase": "last_job", "verdict": "WARN"},
                              "host_resources", f"{count:.0f} process(es) of the job still alive at its Epilog on {node}",
                              "check how the job was stopped; enable hooks.cleanup", 0.5, consequence=True))
     return out

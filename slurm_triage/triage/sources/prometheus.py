@@ -72,7 +72,12 @@ class Prometheus:
 
 
 def range_step(seconds: float, max_points: int, floor: float = 15.0) -> float:
-    """The smallest whole-second step that keeps ``seconds`` under ``max_points`` points."""
+    """The smallest whole-second step that keeps ``seconds`` under ``max_points`` points.
+
+    ``floor`` (a usual scrape interval) shrinks for short jobs, so a job shorter than one
+    floor is still looked at more than once.
+    """
+    floor = min(floor, max(1.0, math.ceil(seconds / 10)))
     return float(max(floor, math.ceil(seconds / max_points)))
 
 

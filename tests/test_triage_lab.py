@@ -1,0 +1,154 @@
+"""`triage JOBID` on jobs of the real lab with injected faults: it must name the right node
+(and GPU) first. The evidence comes the way it would on a site: the Prolog/Epilog state and
+groups, the watcher's series scraped by Prometheus, and Slurm's accounting."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+from typing import Any, Dict, Iterator, List
+
+import pytest
+
+import lab as labmod
+
+GPU5 = "GPU-5291fbdf-f219-fa52-b105-db419085eaf2"
+FAST = "[watcher]\ninterval_seconds = 0.5\nhang_window_seconds = 2.0\nstraggler_window_seconds = 2.0\n"
+CLI = str(labmod.ROOT / ".venv" / "bin" / "slurm-triage")
+
+
+@pytest.fixture
+def lab() -> Iterator[labmod.Lab]:
+    the_lab = labmod.require()
+    the_lab.reset()
+    yield the_lab
+    the_lab.reset()
+
+
+def triage(lab: labmod.Lab, job: str) -> Dict[str, Any]:
+    r = subprocess.run([CLI, "triage", job, "--format", "json"], capture_output=True, text=True, timeout=120,
+                       env={"PATH": "/usr/bin:/bin", "SLURM_CONF": lab.slurm_conf,
+                            "SLURM_TRIAGE_CONFIG": str(lab.triage_config)})
+    assert r.returncode in (0, 1), r.stderr
+    return json.loads(r.stdout)
+
+
+def triage_step(lab: labmod.Lab, switch_node: str, scenario: str, seconds: int = 10) -> str:
+    """`srun --triage` on node1+node2 for `seconds`; `switch_node` changes scenario mid-step.
+    Returns the job id once Prometheus has scraped the watcher's last series."""
+    for n in ("node1", "node2"):
+        lab.set_scenario(n, "h100x8-busy.json")
+    proc = subprocess.Popen(
+        ["runuser", "-u", labmod.TEST_USER, "--", "env", "-i", "PATH=/usr/bin:/bin", f"SLURM_CONF={lab.slurm_conf}",
+         "srun", "--triage", "-N2", "-w", "node1,node2", "sh", "-c",
+         f'test "$SLURM_NODEID" = 0 && echo "$SLURM_JOB_ID"; sleep {seconds}'],
+        cwd=str(lab.workdir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(2)
+    lab.set_scenario(switch_node, scenario)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    for n in ("node1", "node2"):  # a thermal node is drained by its Epilog: not idle, but done
+        lab.wait_node(n, lambda s: "COMPLETING" not in s)
+    time.sleep(6)  # one more Prometheus scrape interval (5 s) of the Pushgateway
+    return out.split()[0]
+
+
+def first(report: Dict[str, Any]) -> Dict[str, Any]:
+    assert report["findings"], report
+    return report["findings"][0]
+
+
+def test_nccl_hang_node_is_named_first(lab):
+    with lab.config(FAST):
+        job = triage_step(lab, "node2", "h100x8-nccl-hang.json")
+    f = first(triage(lab, job))
+    assert f["category"] == "collective_hang" and f["node"] == "node2", f
+
+
+def test_thermal_straggler_node_and_gpu_are_named_first(lab):
+    with lab.config(FAST):
+        job = triage_step(lab, "node2", "h100x8-thermal.json")
+    f = first(triage(lab, job))
+    assert f["category"] == "thermal_power" and f["node"] == "node2" and f["gpu"] == GPU5, f
+
+
+ESCAPE = r"""
+import os, socket, sys, time
+out, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if os.fork():
+    os._exit(0)
+os.setsid()
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((host, port)); s.listen(8)
+with open(out + ".tmp", "w") as fh:
+    fh.write(f"{os.getpid()} {s.getsockname()[1]}")
+os.rename(out + ".tmp", out)
+time.sleep(120)
+"""
+
+
+def leave_listener(lab: labmod.Lab, node: str, host: str, port: int) -> List[int]:
+    """A job on `node` whose process escapes with a TCP listener on host:port; [job, pid, port]."""
+    tag = uuid.uuid4().hex[:8]
+    out, script = lab.workdir / f"esc-{tag}", lab.workdir / f"esc-{tag}.py"
+    script.write_text(ESCAPE)
+    try:
+        r = lab.srun("-N1", "-w", node, "sh", "-c",
+                     f"echo $SLURM_JOB_ID; /usr/bin/python3 {script} {out} {host} {port} </dev/null >/dev/null 2>&1; "
+                     f"while [ ! -e {out} ]; do sleep 0.05; done", timeout=60)
+        assert r.returncode == 0, r.stderr
+        pid, bound = map(int, out.read_text().split())
+        return [int(r.stdout.split()[0]), pid, bound]
+    finally:
+        for p in (out, script):
+            if p.exists():
+                p.unlink()
+
+
+def next_job_on(lab: labmod.Lab, node: str) -> str:
+    lab.wait_idle([node])
+    r = lab.srun("-N1", "-w", node, "sh", "-c", "echo $SLURM_JOB_ID", timeout=60)
+    assert r.returncode == 0, r.stderr
+    lab.wait_idle([node])
+    return r.stdout.split()[0]
+
+
+def test_leftover_listener_of_an_earlier_job_is_named(lab):
+    old_job, pid, port = leave_listener(lab, "node3", "127.0.0.1", 0)
+    try:
+        job = next_job_on(lab, "node3")
+        f = first(triage(lab, job))
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    assert f["category"] == "host_resources" and f["node"] == "node3", f
+    assert str(old_job) in json.dumps(f) and str(pid) in json.dumps(f), f
+
+
+def test_public_dashboard_is_named(lab):
+    # A Jupyter-like dashboard a job left listening on every interface (on an ephemeral port
+    # declared a dashboard port for this test, and killed right after the check).
+    with socket_port() as port, lab.config(f"[listeners]\ndashboard_ports = [{port}]\n"):
+        old_job, pid, _ = leave_listener(lab, "node4", "0.0.0.0", port)
+        try:
+            job = next_job_on(lab, "node4")
+        finally:
+            os.kill(pid, signal.SIGKILL)
+    report = triage(lab, job)
+    sec = [f for f in report["findings"] if f["category"] == "security"]
+    assert sec and sec[0]["node"] == "node4" and str(port) in json.dumps(sec[0]), report["findings"]
+
+
+class socket_port:
+    """A free TCP port number (the socket is closed before use)."""
+
+    def __enter__(self) -> int:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    def __exit__(self, *exc: object) -> None:
+        return None
