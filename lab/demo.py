@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 import urllib.parse
 import urllib.request
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
@@ -31,21 +31,6 @@ from labctl import DEFAULT_SCENARIO, ROOT, TEST_USER, Lab, find  # noqa: E402
 CLI = str(ROOT / ".venv" / "bin" / "slurm-triage")
 GREEN, RED, BOLD, DIM, OFF = ("\033[32m", "\033[31m", "\033[1m", "\033[2m", "\033[0m") \
     if sys.stdout.isatty() else ("",) * 5
-# A rank that escapes its job (new session, reparented to init) and keeps an NCCL-like
-# listener and /dev/shm segment, as a crashed torchrun leaves them.
-ESCAPED_RANK = r"""
-import os, socket, sys, time
-out, shm = sys.argv[1], sys.argv[2]
-if os.fork():
-    os._exit(0)
-os.setsid()
-s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(8)
-fd = os.open(shm, os.O_CREAT | os.O_RDWR, 0o600); os.ftruncate(fd, 1 << 20)
-with open(out + ".tmp", "w") as fh:
-    fh.write(f"{os.getpid()} {s.getsockname()[1]}")
-os.rename(out + ".tmp", out)
-time.sleep(600)
-"""
 DEMO_CONFIG = """
 # --- added by lab/demo.py for the demo (removed when it ends) ---
 [watcher]
@@ -63,7 +48,7 @@ class Demo:
         self.work = lab.dir / "demo"
         self.work.mkdir(exist_ok=True)
         os.chmod(self.work, 0o1777)
-        self.rank_pid = 0
+        self.stack = ExitStack()
 
     # -- output ----------------------------------------------------------------------
     def step(self, title: str) -> None:
@@ -128,29 +113,22 @@ class Demo:
 
     def leave_a_rank_behind(self) -> Dict[str, Any]:
         self.step("Job on node3 whose rank escapes and keeps an NCCL listener, /dev/shm and GPU 0")
-        out, shm = self.work / "rank", "/dev/shm/nccl-demo-rank"
-        script = self.work / "rank.py"
-        script.write_text(ESCAPED_RANK)
-        r = self.sh("srun", "-N1", "-w", "node3", "sh", "-c",
-                    f"echo $SLURM_JOB_ID; /usr/bin/python3 {script} {out} {shm} </dev/null >/dev/null 2>&1; "
-                    f"while [ ! -e {out} ]; do sleep 0.05; done")
-        job = int(r.stdout.split()[0])
-        pid, port = map(int, out.read_text().split())
+        rank = self.stack.enter_context(self.lab.escaped_process("node3", shm="/dev/shm/nccl-demo-rank"))
         # What NVML shows on a real node: the dead job's rank still holds GPU 0's memory.
         scen = json.loads((ROOT / "tests/fakenvml/scenarios" / DEFAULT_SCENARIO).read_text())
-        scen["gpus"][0]["procs"] = [[pid, 61 << 30]]
-        scen["_source"] = "lab/demo.py: h100x8-idle with the escaped rank of job %d on GPU 0" % job
+        scen["gpus"][0]["procs"] = [[rank["pid"], 61 << 30]]
+        scen["_source"] = "lab/demo.py: h100x8-idle with the escaped rank of job %d on GPU 0" % rank["job"]
         path = self.work / "node3-orphan.json"
         path.write_text(json.dumps(scen))
         self.lab.set_scenario("node3", str(path))
-        self.rank_pid = pid
-        self.show(f"job {job} ended; its rank pid {pid} still listens on 127.0.0.1:{port}, holds {shm}")
+        self.show(f"job {rank['job']} ended; its rank pid {rank['pid']} still listens on 127.0.0.1:{rank['port']}, "
+                  f"holds {rank['shm']}")
         # From here on the Epilogs clean up after their own job (hooks.cleanup): what a site
-        # turns on once it trusts the tool. Job {job}'s rank stays: it is not theirs to kill.
-        self.lab.wait_idle(["node3"])  # job {job}'s Epilog is done
+        # turns on once it trusts the tool. The escaped rank stays: it is not theirs to kill.
+        self.lab.wait_idle(["node3"])  # its job's Epilog is done
         with open(self.lab.triage_config, "a") as fh:
             fh.write("\n[hooks]\ncleanup = true\ncleanup_grace_seconds = 1.0\n")
-        return {"job": job, "pid": pid, "port": port, "shm": shm}
+        return rank
 
     def fault_and_requeue(self, rank: Dict[str, Any]) -> int:
         self.step("node2's GPU 3 falls off the bus (Xid 79); a 3-node batch job lands on node[1-3]")
@@ -199,9 +177,7 @@ class Demo:
         self.show(r.stderr)
         self.expect(r.returncode != 0 and "node3" in r.stderr and not r.stdout.strip(),
                     "nothing launched, node3 named")
-        os.kill(rank["pid"], signal.SIGKILL)
-        self.rank_pid = 0
-        os.unlink(rank["shm"])
+        self.stack.close()  # the operator kills the leftover rank and removes its segment
         self.lab.set_scenario("node3", DEFAULT_SCENARIO)
         r = self.sh("srun", "--triage", "-N3", "-w", "node1,node3,node4", "hostname", timeout=90)
         self.expect(r.returncode == 0 and len(r.stdout.split()) == 3, "after clean-up the same srun --triage launches")
@@ -305,15 +281,9 @@ def main() -> int:
         demo.expect(False, f"demo step failed: {type(e).__name__}: {e}")
     finally:
         lab.triage_config.write_text(saved)
-        if demo.rank_pid:
-            try:
-                os.kill(demo.rank_pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        demo.stack.close()
         for p in demo.work.glob("*"):
             p.unlink()
-        if os.path.lexists("/dev/shm/nccl-demo-rank"):
-            os.unlink("/dev/shm/nccl-demo-rank")
         lab.reset()
     took = time.monotonic() - demo.t0
     if demo.failures:

@@ -13,7 +13,7 @@ import subprocess
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_USER = "triage-test"
@@ -21,6 +21,23 @@ DEFAULT_SCENARIO = "h100x8-idle.json"
 TERMINAL_JOB_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                        "BOOT_FAIL", "DEADLINE", "PREEMPTED")
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# A rank that escapes its job (new session, reparented to init: proctrack/linuxproc loses it)
+# and keeps a TCP listener and, optionally, a /dev/shm segment, as a crashed torchrun leaves
+# them. argv: pidfile host port [shm]; it writes "pid port" to pidfile once ready.
+ESCAPED_RANK = r"""
+import os, socket, sys, time
+out, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if os.fork():
+    os._exit(0)
+os.setsid()
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((host, port)); s.listen(8)
+if len(sys.argv) > 4:
+    fd = os.open(sys.argv[4], os.O_CREAT | os.O_RDWR, 0o600); os.ftruncate(fd, 1 << 20)
+with open(out + ".tmp", "w") as fh:
+    fh.write(f"{os.getpid()} {s.getsockname()[1]}")
+os.rename(out + ".tmp", out)
+time.sleep(600)
+"""
 
 
 def lab_dir() -> Path:
@@ -128,6 +145,34 @@ class Lab:
                 self.resume(node)
         self.wait_idle(timeout=timeout)
         self.kill_user_processes()
+
+    @contextmanager
+    def escaped_process(self, node: str, host: str = "127.0.0.1", port: int = 0,
+                        shm: str = "") -> Iterator[Dict[str, Any]]:
+        """A job on NODE leaves an escaped process behind (listener on host:port, optional
+        shm file); yields {job, pid, port, shm} and kills it and removes its files after."""
+        tag = f"{os.getpid()}-{time.monotonic_ns()}"
+        out, script = self.workdir / f"escaped-{tag}", self.workdir / f"escaped-{tag}.py"
+        script.write_text(ESCAPED_RANK)
+        os.chmod(script, 0o644)
+        pid = 0
+        try:
+            r = self.srun("-N1", "-w", node, "sh", "-c",
+                          f"echo $SLURM_JOB_ID; /usr/bin/python3 {script} {out} {host} {port} {shm} "
+                          f"</dev/null >/dev/null 2>&1; while [ ! -e {out} ]; do sleep 0.05; done", timeout=60)
+            if r.returncode != 0:
+                raise RuntimeError(f"srun on {node} failed: {r.stderr.strip()}")
+            pid, bound = map(int, out.read_text().split())
+            yield {"job": int(r.stdout.split()[0]), "pid": pid, "port": bound, "shm": shm}
+        finally:
+            if pid:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            for p in (shm, str(out), str(script)):
+                if p and os.path.lexists(p):
+                    os.unlink(p)
 
     @contextmanager
     def config(self, extra: str = "", replace: str = "") -> Iterator[None]:

@@ -139,3 +139,14 @@ def cli(*args: str, env: Optional[Dict[str, str]] = None, timeout: float = 60,
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "slurm_triage", *args], env=full_env, cwd=str(ROOT),
                           capture_output=True, text=True, timeout=timeout, check=check)
+
+
+@pytest.fixture
+def lab():
+    """The running Slurm lab (else a skip saying how to start it), reset before and after."""
+    import lab as labmod
+
+    the_lab = labmod.require()
+    the_lab.reset()
+    yield the_lab
+    the_lab.reset()

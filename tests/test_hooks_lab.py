@@ -7,41 +7,14 @@ import os
 import signal
 import time
 import uuid
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, List
 
-import pytest
 import requests
 
 import lab as labmod
 
 GPU3 = "GPU-0dbc98d5-f864-2c28-5be9-e56faf4ee96b"
-
-# A rank that escapes the job (new session, reparented to init: proctrack/linuxproc no longer
-# sees it), holding an NCCL-like TCP listener and a /dev/shm/nccl-* segment, as NCCL leaves them.
-LEFTOVER = r"""
-import os, socket, sys, time
-out, shm = sys.argv[1], sys.argv[2]
-if os.fork():
-    os._exit(0)
-os.setsid()
-s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(8)
-fd = os.open(shm, os.O_CREAT | os.O_RDWR, 0o600); os.ftruncate(fd, 1 << 20)
-with open(out + ".tmp", "w") as fh:
-    fh.write(f"{os.getpid()} {s.getsockname()[1]}")
-os.rename(out + ".tmp", out)
-time.sleep(300)
-"""
-
-
-@pytest.fixture
-def lab() -> Iterator[labmod.Lab]:
-    the_lab = labmod.require()
-    the_lab.reset()
-    yield the_lab
-    the_lab.reset()
-
 
 def state(lab: labmod.Lab, node: str, job: int, kind: str) -> Dict[str, Any]:
     p = lab.node_dir(node) / "state" / "jobs" / str(job) / f"{kind}.json"
@@ -158,36 +131,8 @@ def test_foreign_drain_reason_is_never_overwritten(lab):
     assert "DRAIN" in lab.node_state("node4")
 
 
-@contextmanager
-def leftover_in_job(lab: labmod.Lab, node: str) -> Iterator[Dict[str, Any]]:
-    """Run a job on NODE that leaves an escaped rank behind; yield {job, pid, port, shm}."""
-    tag = uuid.uuid4().hex[:8]
-    out = lab.workdir / f"leftover-{tag}"
-    shm = f"/dev/shm/nccl-lab-{tag}"
-    script = lab.workdir / f"leftover-{tag}.py"
-    script.write_text(LEFTOVER)
-    os.chmod(script, 0o644)
-    pid = 0
-    try:
-        r = lab.srun("-N1", "-w", node, "sh", "-c",
-                     f'echo $SLURM_JOB_ID; /usr/bin/python3 {script} {out} {shm} </dev/null >/dev/null 2>&1; '
-                     f'while [ ! -e {out} ]; do sleep 0.05; done', timeout=60)
-        assert r.returncode == 0, r.stderr
-        pid, port = map(int, out.read_text().split())
-        yield {"job": last_job_id(r.stdout.splitlines()[0]), "pid": pid, "port": port, "shm": shm}
-    finally:
-        if pid:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for p in (shm, str(out), str(script)):
-            if os.path.lexists(p):
-                os.unlink(p)
-
-
 def test_next_jobs_prolog_reports_the_previous_jobs_leftovers(lab):
-    with leftover_in_job(lab, "node1") as left:
+    with lab.escaped_process("node1", shm=f"/dev/shm/nccl-lab-{uuid.uuid4().hex[:8]}") as left:
         lab.wait_idle(["node1"])
         r = lab.srun("-N1", "-w", "node1", "sh", "-c", "echo $SLURM_JOB_ID", timeout=60)
         job2 = last_job_id(r.stdout)
@@ -210,7 +155,7 @@ def test_epilog_cleans_this_jobs_leftovers_and_spares_another_running_job(lab):
             time.sleep(0.2)
             other_pids = [p for p in _job_pids(other) if _cmdline(p).startswith(b"sleep")]
         assert other_pids
-        with leftover_in_job(lab, "node1") as left:
+        with lab.escaped_process("node1", shm=f"/dev/shm/nccl-lab-{uuid.uuid4().hex[:8]}") as left:
             deadline = time.monotonic() + 20
             while _alive(left["pid"]) and time.monotonic() < deadline:
                 time.sleep(0.2)

@@ -7,7 +7,8 @@ import pytest
 
 from slurm_triage.hooks.env import EnvError, from_environ
 from slurm_triage.hooks.epilog import gpu_diff, remove_ipc_files
-from slurm_triage.hooks.prolog import drain_reason, job_gpu_uuids
+from slurm_triage.hooks.common import drain_reason
+from slurm_triage.hooks.prolog import job_gpu_uuids
 from slurm_triage.model import Finding, Verdict
 from slurm_triage.slurmctl import parse_node
 

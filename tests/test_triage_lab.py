@@ -4,28 +4,16 @@ groups, the watcher's series scraped by Prometheus, and Slurm's accounting."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import time
-import uuid
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict
 
-import pytest
 
 import lab as labmod
 
 GPU5 = "GPU-5291fbdf-f219-fa52-b105-db419085eaf2"
 FAST = "[watcher]\ninterval_seconds = 0.5\nhang_window_seconds = 2.0\nstraggler_window_seconds = 2.0\n"
 CLI = str(labmod.ROOT / ".venv" / "bin" / "slurm-triage")
-
-
-@pytest.fixture
-def lab() -> Iterator[labmod.Lab]:
-    the_lab = labmod.require()
-    the_lab.reset()
-    yield the_lab
-    the_lab.reset()
 
 
 def triage(lab: labmod.Lab, job: str) -> Dict[str, Any]:
@@ -75,38 +63,6 @@ def test_thermal_straggler_node_and_gpu_are_named_first(lab):
     assert f["category"] == "thermal_power" and f["node"] == "node2" and f["gpu"] == GPU5, f
 
 
-ESCAPE = r"""
-import os, socket, sys, time
-out, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
-if os.fork():
-    os._exit(0)
-os.setsid()
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((host, port)); s.listen(8)
-with open(out + ".tmp", "w") as fh:
-    fh.write(f"{os.getpid()} {s.getsockname()[1]}")
-os.rename(out + ".tmp", out)
-time.sleep(120)
-"""
-
-
-def leave_listener(lab: labmod.Lab, node: str, host: str, port: int) -> List[int]:
-    """A job on `node` whose process escapes with a TCP listener on host:port; [job, pid, port]."""
-    tag = uuid.uuid4().hex[:8]
-    out, script = lab.workdir / f"esc-{tag}", lab.workdir / f"esc-{tag}.py"
-    script.write_text(ESCAPE)
-    try:
-        r = lab.srun("-N1", "-w", node, "sh", "-c",
-                     f"echo $SLURM_JOB_ID; /usr/bin/python3 {script} {out} {host} {port} </dev/null >/dev/null 2>&1; "
-                     f"while [ ! -e {out} ]; do sleep 0.05; done", timeout=60)
-        assert r.returncode == 0, r.stderr
-        pid, bound = map(int, out.read_text().split())
-        return [int(r.stdout.split()[0]), pid, bound]
-    finally:
-        for p in (out, script):
-            if p.exists():
-                p.unlink()
-
-
 def next_job_on(lab: labmod.Lab, node: str) -> str:
     lab.wait_idle([node])
     r = lab.srun("-N1", "-w", node, "sh", "-c", "echo $SLURM_JOB_ID", timeout=60)
@@ -116,25 +72,19 @@ def next_job_on(lab: labmod.Lab, node: str) -> str:
 
 
 def test_leftover_listener_of_an_earlier_job_is_named(lab):
-    old_job, pid, port = leave_listener(lab, "node3", "127.0.0.1", 0)
-    try:
+    with lab.escaped_process("node3") as left:
         job = next_job_on(lab, "node3")
         f = first(triage(lab, job))
-    finally:
-        os.kill(pid, signal.SIGKILL)
     assert f["category"] == "host_resources" and f["node"] == "node3", f
-    assert str(old_job) in json.dumps(f) and str(pid) in json.dumps(f), f
+    assert str(left["job"]) in json.dumps(f) and str(left["pid"]) in json.dumps(f), f
 
 
 def test_public_dashboard_is_named(lab):
     # A Jupyter-like dashboard a job left listening on every interface (on an ephemeral port
     # declared a dashboard port for this test, and killed right after the check).
-    with socket_port() as port, lab.config(f"[listeners]\ndashboard_ports = [{port}]\n"):
-        old_job, pid, _ = leave_listener(lab, "node4", "0.0.0.0", port)
-        try:
-            job = next_job_on(lab, "node4")
-        finally:
-            os.kill(pid, signal.SIGKILL)
+    with socket_port() as port, lab.config(f"[listeners]\ndashboard_ports = [{port}]\n"), \
+            lab.escaped_process("node4", "0.0.0.0", port):
+        job = next_job_on(lab, "node4")
     report = triage(lab, job)
     sec = [f for f in report["findings"] if f["category"] == "security"]
     assert sec and sec[0]["node"] == "node4" and str(port) in json.dumps(sec[0]), report["findings"]

@@ -16,12 +16,10 @@ FAST = "[watcher]\ninterval_seconds = 0.5\nhang_window_seconds = 2.0\nstraggler_
 
 
 @pytest.fixture
-def lab() -> Iterator[labmod.Lab]:
-    the_lab = labmod.require()
-    the_lab.reset()
-    with the_lab.config(FAST):
-        yield the_lab
-    the_lab.reset()
+def fast(lab: labmod.Lab) -> Iterator[labmod.Lab]:
+    """The lab with a watcher that samples every 0.5 s over 2 s windows."""
+    with lab.config(FAST):
+        yield lab
 
 
 def watch_flags(lab: labmod.Lab, job: str) -> Dict[str, float]:
@@ -76,7 +74,8 @@ def wait_for(pred, seconds: float) -> Optional[object]:
     return None
 
 
-def test_hang_is_flagged_on_the_hung_node_only_and_the_watchers_end_with_the_step(lab):
+def test_hang_is_flagged_on_the_hung_node_only_and_the_watchers_end_with_the_step(fast):
+    lab = fast
     lab.set_scenario("node1", "h100x8-busy.json")
     lab.set_scenario("node2", "h100x8-nccl-hang.json")
     step = start_step(lab, "sleep 8")
@@ -88,7 +87,8 @@ def test_hang_is_flagged_on_the_hung_node_only_and_the_watchers_end_with_the_ste
     assert no_watcher_within(5), watchers()
 
 
-def test_no_watcher_outlives_scancel(lab):
+def test_no_watcher_outlives_scancel(fast):
+    lab = fast
     step = start_step(lab, "sleep 60")
     job = job_of(step)
     assert wait_for(lambda: watchers(), 15), "no watcher started"
@@ -97,7 +97,8 @@ def test_no_watcher_outlives_scancel(lab):
     assert no_watcher_within(10), watchers()
 
 
-def test_no_watcher_outlives_a_crashing_task(lab):
+def test_no_watcher_outlives_a_crashing_task(fast):
+    lab = fast
     step = start_step(lab, "sleep 2; kill -SEGV $$")
     job_of(step)
     assert step.wait(60) != 0

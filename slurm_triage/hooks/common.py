@@ -7,6 +7,7 @@ drain the fleet. Only evidence (a hardware FAIL) makes a hook exit non-zero.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import time
@@ -14,7 +15,7 @@ import traceback
 from typing import Any, Callable, Dict, List, Optional
 
 from ..config import Config, load
-from ..model import Finding
+from ..model import Finding, Verdict
 from .env import EnvError, JobEnv, from_environ
 
 LOG_MAX_BYTES = 1 << 20
@@ -66,6 +67,56 @@ def internal_errors(cfg: Config) -> int:
             return int(fh.read().strip() or 0)
     except (OSError, ValueError):
         return 0
+
+
+_WHO = re.compile(r"^(?:GPU \d+ \([^)]*\)[:,]? ?)|(?: on GPU \d+ \([^)]*\))")
+
+
+def drain_reason(fails: List[Finding]) -> str:
+    """``GPU-… Xid 79: GPU has fallen off the bus (+1 more)``: the kernel's word first.
+
+    The summary's "GPU 3 (uuid, bus id)" is dropped: the UUID leads the reason already.
+    """
+    fails = sorted(fails, key=lambda f: not f.id.startswith("kernel."))
+    f = fails[0]
+    text = f"{f.gpu} {_WHO.sub('', f.summary).strip()}" if f.gpu else f.summary
+    return text + (f" (+{len(fails) - 1} more)" if len(fails) > 1 else "")
+
+
+def drain_on_hardware(cfg: Config, env: JobEnv, findings: List[Finding]) -> Optional[str]:
+    """Drain this node, tagged, when a FAIL means the hardware; what happened, None if no such FAIL."""
+    hardware = [f for f in findings if f.verdict == Verdict.FAIL and f.hardware]
+    if not hardware:
+        return None
+    if not cfg.get("hooks", "drain"):
+        return "not drained (hooks.drain = false)"
+    from ..slurmctl import SlurmError, drain
+
+    try:
+        return drain(cfg, env.node, drain_reason(hardware))
+    except SlurmError as e:
+        return f"drain failed: {e}"
+
+
+def conclude(cfg: Config, kind: str, summary: str, drained: Optional[str], worth_logging: bool) -> int:
+    """The hook's one log line and exit code: 1 only for a hardware FAIL (Slurm drains too)."""
+    if drained is not None:
+        log(cfg, kind, f"{summary}; {drained}; exit 1")
+        return 1
+    if worth_logging:
+        log(cfg, kind, summary)
+    return 0
+
+
+def deliver_logged(cfg: Config, kind: str, env: JobEnv, grouping: Dict[str, str], body: Optional[bytes] = None,
+                   delete: bool = False) -> None:
+    """Push or delete a group; a failure is one log line and one internal error (it is spooled)."""
+    from ..sinks.spool import deliver
+
+    result = deliver(cfg, grouping, body, delete=delete)
+    if result.error:
+        log(cfg, kind, f"job {env.job_id}: push: {result.error}")
+        count_internal_error(cfg)
 
 
 def write_textfile(cfg: Config, snap: Dict[str, Any], findings: List[Finding]) -> None:

@@ -19,9 +19,9 @@ from ..checks import run_checks
 from ..config import Config
 from ..model import Finding, Verdict, worst
 from ..snapshot import preload_sinks, take
-from .common import count_internal_error, internal_errors, log, run_hook, write_textfile
+from .common import conclude, deliver_logged, drain_on_hardware, internal_errors, run_hook, write_textfile
 from .env import JobEnv
-from .prolog import drain_reason, grouping, job_gpu_uuids
+from .prolog import grouping, job_gpu_uuids
 
 LIVE_PHASES = ("prolog", "watch")
 
@@ -172,46 +172,30 @@ def epilog(cfg: Config, env: JobEnv) -> int:
               "cleanup": cleanup, "findings": [f.to_dict() for f in findings], "snapshot": snap,
               "baseline_verdict": base.get("verdict")}
     state.save(cfg, env.job_id, "epilog", record)
-    hardware = [f for f in findings if f.verdict == Verdict.FAIL and f.hardware]
-    drained = ""
-    if hardware and cfg.get("hooks", "drain"):
-        from ..slurmctl import SlurmError, drain
-
-        try:
-            drained = drain(cfg, env.node, drain_reason(hardware))
-        except SlurmError as e:
-            drained = f"drain failed: {e}"
+    drained = drain_on_hardware(cfg, env, findings)
     seconds = time.monotonic() - t0
     if cfg.get("pushgateway", "url"):
         _push(cfg, env, snap, findings, record, seconds)
     write_textfile(cfg, snap, findings)
     summary = (f"job {env.job_id}: {verdict.value}, {len(leftovers)} leftover processes, "
                f"{len(cleanup.get('removed', []))} IPC files removed ({seconds:.2f} s)")
-    if hardware:
-        log(cfg, "epilog", f"{summary}; {drained}; exit 1")
-        return 1
-    if verdict != Verdict.OK or leftovers:
-        log(cfg, "epilog", summary)
-    return 0
+    return conclude(cfg, "epilog", summary, drained, verdict != Verdict.OK or bool(leftovers))
 
 
 def _push(cfg: Config, env: JobEnv, snap: Dict[str, Any], findings: List[Finding],
           record: Dict[str, Any], seconds: float) -> None:
     from ..sinks.exposition import render
-    from ..sinks.spool import deliver, stats
+    from ..sinks.spool import stats
 
     extra = {"hook_duration_seconds": seconds, "internal_errors": internal_errors(cfg),
              "leftover_processes": len(record["leftovers"]), **stats(cfg)}
     # One "last_job" group per node, replaced by each Epilog: the Pushgateway stays bounded
     # (it never forgets on its own) while Prometheus keeps every job's summary by its label.
     key = {"job": "slurm_triage", "instance": env.node, "phase": "last_job"}
-    result = deliver(cfg, key, render(snap, findings, extra, gpu_diff=record["gpu_diff"],
-                                      labels={"slurm_job_id": env.job_id}))
+    deliver_logged(cfg, "epilog", env, key, render(snap, findings, extra, gpu_diff=record["gpu_diff"],
+                                                   labels={"slurm_job_id": env.job_id}))
     for phase in LIVE_PHASES:
-        deliver(cfg, grouping(env, phase), delete=True)
-    if result.error:
-        log(cfg, "epilog", f"job {env.job_id}: push: {result.error}")
-        count_internal_error(cfg)
+        deliver_logged(cfg, "epilog", env, grouping(env, phase), delete=True)
 
 
 def main() -> int:

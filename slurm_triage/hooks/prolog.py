@@ -6,7 +6,6 @@ or cancels (srun) the job; everything else exits 0.
 """
 from __future__ import annotations
 
-import re
 import time
 from typing import Any, Dict, List
 
@@ -14,7 +13,7 @@ from ..checks import run_checks
 from ..config import Config
 from ..model import Finding, Verdict, worst
 from ..snapshot import preload_sinks, take
-from .common import count_internal_error, internal_errors, log, run_hook, write_textfile
+from .common import conclude, deliver_logged, drain_on_hardware, internal_errors, run_hook, write_textfile
 from .env import JobEnv
 
 
@@ -24,20 +23,6 @@ def job_gpu_uuids(snapshot: Dict[str, Any], env: JobEnv) -> List[str]:
     if env.gpus is None:
         return [g["uuid"] for g in gpus if g.get("uuid")]
     return [g["uuid"] for g in gpus if g.get("uuid") and g.get("minor") in env.gpus]
-
-
-_WHO = re.compile(r"^(?:GPU \d+ \([^)]*\)[:,]? ?)|(?: on GPU \d+ \([^)]*\))")
-
-
-def drain_reason(fails: List[Finding]) -> str:
-    """``GPU-… Xid 79: GPU has fallen off the bus (+1 more)``: the kernel's word first.
-
-    The summary's "GPU 3 (uuid, bus id)" is dropped: the UUID leads the reason already.
-    """
-    fails = sorted(fails, key=lambda f: not f.id.startswith("kernel."))
-    f = fails[0]
-    text = f"{f.gpu} {_WHO.sub('', f.summary).strip()}" if f.gpu else f.summary
-    return text + (f" (+{len(fails) - 1} more)" if len(fails) > 1 else "")
 
 
 def prolog(cfg: Config, env: JobEnv) -> int:
@@ -64,26 +49,15 @@ def prolog(cfg: Config, env: JobEnv) -> int:
     from ..sinks import state
 
     state.save(cfg, env.job_id, "prolog", record)
-    hardware = [f for f in findings if f.verdict == Verdict.FAIL and f.hardware]
-    drained = ""
-    if hardware and cfg.get("hooks", "drain"):
-        from ..slurmctl import SlurmError, drain
-
-        try:
-            drained = drain(cfg, env.node, drain_reason(hardware))
-        except SlurmError as e:
-            drained = f"drain failed: {e}"
+    drained = drain_on_hardware(cfg, env, findings)
     seconds = time.monotonic() - t0
     if cfg.get("pushgateway", "url"):
         _push(cfg, env, snap, findings, record, seconds)
     write_textfile(cfg, snap, findings)
     summary = f"job {env.job_id}: {verdict.value} ({len(findings)} findings, {seconds:.2f} s)"
-    if hardware:
-        log(cfg, "prolog", f"{summary}; {drained}; exit 1")
-        return 1
     if verdict != Verdict.OK:
-        log(cfg, "prolog", summary + ": " + "; ".join(f"{f.id} {f.summary}" for f in findings[:3]))
-    return 0
+        summary += ": " + "; ".join(f"{f.id} {f.summary}" for f in findings[:3])
+    return conclude(cfg, "prolog", summary, drained, verdict != Verdict.OK)
 
 
 def _push(cfg: Config, env: JobEnv, snap: Dict[str, Any], findings: List[Finding],
@@ -92,14 +66,11 @@ def _push(cfg: Config, env: JobEnv, snap: Dict[str, Any], findings: List[Finding
     reads for every node in one query); per-GPU series go to the textfile collector."""
     from ..sinks import peer_metrics
     from ..sinks.exposition import render
-    from ..sinks.spool import deliver, stats
+    from ..sinks.spool import stats
 
     extra = {"hook_duration_seconds": seconds, "internal_errors": internal_errors(cfg), **stats(cfg)}
     body = render(snap, findings, extra, gpus=False, more=peer_metrics.families(record.get("peer")))
-    result = deliver(cfg, grouping(env, "prolog"), body)
-    if result.error:
-        log(cfg, "prolog", f"job {env.job_id}: push: {result.error}")
-        count_internal_error(cfg)
+    deliver_logged(cfg, "prolog", env, grouping(env, "prolog"), body)
 
 
 def grouping(env: JobEnv, phase: str) -> Dict[str, str]:
