@@ -4,6 +4,11 @@ LAB_DIR=${LAB_DIR:-/tmp/slurm-lab}
 LAB_NODES=${LAB_NODES:-4}
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 HERE="$REPO/lab"
+# What the lab's hooks, SPANK plugin and fake GPUs run from: the checkout itself, or, when
+# the job user cannot reach it (a clone under Debian's 0700 /root), the copy that lab/up.sh
+# keeps in $LAB_DIR/checkout.
+RUN_REPO=$REPO
+[ -d "${LAB_DIR:-/tmp/slurm-lab}/checkout/slurm_triage" ] && RUN_REPO="${LAB_DIR:-/tmp/slurm-lab}/checkout"
 RUN="$LAB_DIR/run"
 SLURM_CONF="$LAB_DIR/etc/slurm.conf"
 PUSHGW_PORT=${PUSHGW_PORT:-9091}
@@ -12,6 +17,9 @@ NODE_EXPORTER_PORT=${NODE_EXPORTER_PORT:-9100}
 DB_PORT=${DB_PORT:-13306}
 DBD_PORT=${DBD_PORT:-6819}
 CTLD_PORT=${CTLD_PORT:-6817}
+SLURMD_PORT=${SLURMD_PORT:-6818}
+# node i listens on NODE_PORT_BASE+i (17001..)
+NODE_PORT_BASE=${NODE_PORT_BASE:-17000}
 TEST_USER=triage-test
 TEST_UID=4242
 # The lab's daemons: "name pidfile cmdline-substring", in start order. The pid

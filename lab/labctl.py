@@ -65,6 +65,8 @@ class Lab:
         self.pushgateway_url = env["PUSHGATEWAY_URL"]
         self.prometheus_url = env["PROMETHEUS_URL"]
         self.triage_config = Path(env["SLURM_TRIAGE_CONFIG"])
+        # what the hooks and the SPANK plugin run: this checkout, or lab/up.sh's copy of it
+        self.checkout = Path(env.get("LAB_CHECKOUT") or ROOT)
         self.workdir = self.dir / "work"
         self.nodes: List[str] = sorted(p.name for p in (self.dir / "nodes").iterdir())
 

@@ -8,6 +8,8 @@
 # Knobs: LAB_DIR=/tmp/slurm-lab  LAB_NODES=4  LAB_HOOKS=1 (0: no Prolog/Epilog)
 #        LAB_INSTALL=auto|0  LAB_KEEP_STATE=0|1  LAB_SCENARIO=h100x8-idle.json
 #        LAB_UTS=auto|0|1 (1: Slurm daemons in a UTS namespace with hostname localhost)
+# Ports (lab/common.sh): CTLD_PORT=6817 SLURMD_PORT=6818 DBD_PORT=6819 NODE_PORT_BASE=17000
+#        (node i: NODE_PORT_BASE+i) DB_PORT=13306 PUSHGW_PORT=9091 PROM_PORT=9090 NODE_EXPORTER_PORT=9100
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 LAB_HOOKS=${LAB_HOOKS:-1}
@@ -34,7 +36,7 @@ wait_for() {   # wait_for <seconds> <what> <command...>
   done
 }
 render() {     # render <template> <dest> [mode]: substitute @KEY@ placeholders
-  sed -e "s|@LAB_DIR@|$LAB_DIR|g" -e "s|@CTLD_PORT@|$CTLD_PORT|g" -e "s|@DBD_PORT@|$DBD_PORT|g" \
+  sed -e "s|@LAB_DIR@|$LAB_DIR|g" -e "s|@CTLD_PORT@|$CTLD_PORT|g" -e "s|@SLURMD_PORT@|$SLURMD_PORT|g" -e "s|@DBD_PORT@|$DBD_PORT|g" \
       -e "s|@DB_PORT@|$DB_PORT|g" -e "s|@PUSHGW_PORT@|$PUSHGW_PORT|g" -e "s|@NODES@|$LAB_NODES|g" \
       -e "s|@NODE_EXPORTER_PORT@|$NODE_EXPORTER_PORT|g" -e "s|@PROM_PORT@|$PROM_PORT|g" -e "s|@DB_PASS@|${DB_PASS:-}|g" \
       -e "s|@KIND@|${KIND:-}|g" -e "s|@HOOK@|${HOOK:-}|g" "$1" > "$2"
@@ -101,6 +103,23 @@ if ! id -u "$TEST_USER" >/dev/null 2>&1; then
   useradd -m -d "/home/$TEST_USER" -s /bin/bash "${uid_opt[@]}" "$TEST_USER"
   log "created user $TEST_USER (uid $(id -u "$TEST_USER"))"
 fi
+# The job user's srun dlopens the SPANK plugin, which runs the venv's python, and the
+# watcher loads the fake NVML: a clone under a directory closed to others (Debian's /root
+# is 0700) would fail every job. Then the lab runs a copy of the checkout in $LAB_DIR.
+mkdir -p "$LAB_DIR" && chmod 755 "$LAB_DIR"
+rm -rf "$LAB_DIR/checkout"
+RUN_REPO=$REPO
+if ! runuser -u "$TEST_USER" -- test -r "$REPO/setup.py"; then
+  log "$REPO is closed to $TEST_USER: the lab runs a copy of it in $LAB_DIR/checkout"
+  mkdir -p "$LAB_DIR/checkout"
+  tar -C "$REPO" --exclude=./.venv --exclude=./.git --exclude='*/__pycache__' -cf - . | tar -C "$LAB_DIR/checkout" -xf -
+  RUN_REPO="$LAB_DIR/checkout"
+  make -s -C "$RUN_REPO" venv spank
+  make -s -C "$RUN_REPO/tests/fakenvml"
+  chmod -R a+rX "$RUN_REPO"
+fi
+runuser -u "$TEST_USER" -- test -x "$RUN_REPO/.venv/bin/python" -a -r "$RUN_REPO/spank/slurm_triage_spank.so" \
+  || die "$RUN_REPO is not usable by $TEST_USER (its venv or SPANK plugin is missing or closed)"
 phase_done "venv, fakenvml, user"
 
 # --- 3. directories and configs -----------------------------------------------------------
@@ -117,7 +136,7 @@ E="$LAB_DIR/etc"
 render "$HERE/etc/slurm.conf.in" "$E/slurm.conf"
 if [ "$LAB_HOOKS" = 1 ]; then
   for KIND in prolog epilog; do
-    HOOK="$REPO/$KIND/slurm-triage-$KIND"
+    HOOK="$RUN_REPO/$KIND/slurm-triage-$KIND"
     [ -x "$HOOK" ] || die "$HOOK is missing or not executable (LAB_HOOKS=0 runs the lab without hooks)"
     render "$HERE/etc/hook.sh.in" "$LAB_DIR/bin/$KIND" 755
   done
@@ -125,7 +144,7 @@ if [ "$LAB_HOOKS" = 1 ]; then
 fi
 {
   for i in $(seq 1 "$LAB_NODES"); do
-    echo "NodeName=node$i NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((17000 + i)) CPUs=$(nproc) RealMemory=1000 State=UNKNOWN"
+    echo "NodeName=node$i NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((NODE_PORT_BASE + i)) CPUs=$(nproc) RealMemory=1000 State=UNKNOWN"
   done
   echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
 } >> "$E/slurm.conf"
@@ -145,7 +164,7 @@ fi
 [ -e "$E/plugstack.conf" ] || echo "include $E/plugstack.conf.d/*.conf" > "$E/plugstack.conf"
 # The SPANK plugin, as etc/plugstack.conf.d/slurm-triage.conf shows an admin (without
 # --triage it does nothing); tests may rewrite this file, srun re-reads it every step.
-echo "required $REPO/spank/slurm_triage_spank.so python=$REPO/.venv/bin/python config=$E/slurm-triage.toml gate_timeout=30 hook_timeout=10" \
+echo "required $RUN_REPO/spank/slurm_triage_spank.so python=$RUN_REPO/.venv/bin/python config=$E/slurm-triage.toml gate_timeout=30 hook_timeout=10" \
   > "$E/plugstack.conf.d/slurm-triage.conf"
 render "$HERE/etc/slurm-triage.toml.in" "$E/slurm-triage.toml"
 render "$HERE/etc/prometheus.yml.in" "$LAB_DIR/prom/prometheus.yml"
@@ -154,11 +173,11 @@ DB_PASS=$(cat "$LAB_DIR/db/pass")
 render "$HERE/etc/slurmdbd.conf.in" "$E/slurmdbd.conf" 600
 chown root:root "$E/slurmdbd.conf"
 # Per-node fake GPUs, kernel log and triage state.
-SCENARIOS="$REPO/tests/fakenvml/scenarios"
+SCENARIOS="$RUN_REPO/tests/fakenvml/scenarios"
 for i in $(seq 1 "$LAB_NODES"); do
   N="$LAB_DIR/nodes/node$i"
   mkdir -p "$N/nvml" "$N/state" "$N/spool"
-  ln -sfn "$REPO/tests/fakenvml/build/libnvidia-ml.so.1" "$N/nvml/libnvidia-ml.so.1"
+  ln -sfn "$RUN_REPO/tests/fakenvml/build/libnvidia-ml.so.1" "$N/nvml/libnvidia-ml.so.1"
   [ -L "$N/nvml/scenario.json" ] && continue
   if [ -f "$SCENARIOS/$LAB_SCENARIO" ]; then
     "$HERE/set-scenario" "node$i" "$LAB_SCENARIO" >/dev/null
@@ -220,7 +239,8 @@ phase_done "slurmdbd"
 # --- 7. slurmctld + slurmd x N --------------------------------------------------------------
 "${SLURM_DAEMON[@]}" slurmctld -f "$SLURM_CONF"
 wait_for 30 "slurmctld (scontrol ping)" sh -c 'scontrol ping | grep -q UP'
-[[ "$(scontrol show config)" =~ MULTIPLE_SLURMD\ *=\ *Yes ]] \
+# 22.05 prints "MULTIPLE_SLURMD = Yes", 24.11 "MULTIPLE_SLURMD = yes".
+[[ "$(scontrol show config)" =~ MULTIPLE_SLURMD\ *=\ *[Yy]es ]] \
   || die "this Slurm build lacks --enable-multiple-slurmd: several nodes on one host are impossible"
 phase_done "slurmctld"
 for i in $(seq 1 "$LAB_NODES"); do
@@ -252,6 +272,7 @@ export SLURM_CONF=$SLURM_CONF
 export PUSHGATEWAY_URL=http://127.0.0.1:$PUSHGW_PORT
 export PROMETHEUS_URL=http://127.0.0.1:$PROM_PORT
 export SLURM_TRIAGE_CONFIG=$E/slurm-triage.toml
+export LAB_CHECKOUT=$RUN_REPO
 ENV
 {
   echo "# lab/up.sh $(date -Is): Slurm $SLURM_VERSION, $LAB_NODES nodes, hooks=$LAB_HOOKS"

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -19,6 +21,22 @@ from slurm_triage.sinks import exposition, spool
 from slurm_triage.sinks.pushgateway import PushError, delete, grouping_key, push
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _gateway_version() -> str:
+    binary = shutil.which("prometheus-pushgateway") or shutil.which("pushgateway")
+    if binary is None:
+        return ""
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10)
+    m = re.search(r"version (\d+\.\d+\.\d+)", out.stdout + out.stderr)
+    return m.group(1) if m else ""
+
+
+# Pushgateway 1.11.0 (Debian 13's 1.11.0-1+b6) panics while logging the rejection of an
+# inconsistent push (handler/push.go:151 -> promslog, upstream prometheus/pushgateway#766)
+# and drops the connection instead of answering 400. strict: passes again once fixed.
+PANICS_ON_400 = pytest.mark.xfail(_gateway_version() == "1.11.0", strict=True, raises=AssertionError,
+                                  reason="pushgateway 1.11.0 panics instead of answering 400 (upstream #766)")
 SNAP = {"schema": 1, "node": "n", "time": 1700000000.0, "errors": {}, "probe_seconds": {"gpu": 0.1},
         "gpu": {"driver_version": "550.54.15", "nvml_version": "12.550.54.15", "count": 1, "gpus": [
             {"index": 0, "uuid": "GPU-aaaa", "pci_bus_id": "0000:18:00.0", "minor": 0, "name": "NVIDIA H100",
@@ -87,6 +105,7 @@ def test_push_is_accepted_with_grouping_labels_and_delete_removes_it(pgw, node):
     assert group(pgw, job="slurm_triage", instance=node, slurm_job_id="42") == []
 
 
+@PANICS_ON_400
 def test_inconsistent_push_raises_push_error_with_gateway_message_without_retrying(pgw, tmp_path):
     push(pgw.url, grouping_key("a"), b"# TYPE slurm_triage_x gauge\nslurm_triage_x 1\n")
     before = time.monotonic()
@@ -168,6 +187,7 @@ def test_spool_bound_while_down_keeps_the_newest(pgw, tmp_path):
     assert ids == ["2", "3", "4", "9"]
 
 
+@PANICS_ON_400
 def test_poison_entry_is_dropped_and_does_not_wedge_the_spool(pgw, tmp_path):
     cfg = make_cfg(tmp_path, pgw.url, timeout=0.5, retries=0)
     push(pgw.url, grouping_key("other"), b"# TYPE slurm_triage_y gauge\nslurm_triage_y 1\n")

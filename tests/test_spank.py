@@ -89,8 +89,10 @@ def test_helper_does_nothing_on_a_bad_context_and_never_fails_the_step() -> None
 
 # ---- in the lab ---------------------------------------------------------------------------------
 
-def plugstack_line(python: str, config: Path) -> str:
-    return f"required {PLUGIN} python={python} config={config} gate_timeout=30 hook_timeout=10\n"
+def plugstack_line(lab: labmod.Lab, config: Path) -> str:
+    """The lab's plugin line with another config (the lab may run a copy of the checkout)."""
+    plugin, python = lab.checkout / "spank" / PLUGIN.name, lab.checkout / ".venv" / "bin" / "python"
+    return f"required {plugin} python={python} config={config} gate_timeout=30 hook_timeout=10\n"
 
 
 def install(lab: labmod.Lab, line: str) -> None:
@@ -106,8 +108,7 @@ def plugged() -> labmod.Lab:
     """The lab with this plugin installed (left installed: without --triage it does nothing)."""
     lab = labmod.require()
     build_plugin()
-    lab.python = str(ROOT / ".venv" / "bin" / "python")  # type: ignore[attr-defined]
-    install(lab, plugstack_line(lab.python, lab.triage_config))  # type: ignore[attr-defined]
+    install(lab, plugstack_line(lab, lab.triage_config))
     return lab
 
 
@@ -267,11 +268,11 @@ def test_peer_outlier_blocks_the_step_naming_the_node(plugged: labmod.Lab, tmp_p
     ran = plugged.workdir / f"ran-{os.getpid()}"
     plugged.reset()
     plugged.set_scenario("node3", "h200x8-idle")
-    install(plugged, plugstack_line(plugged.python, conf))  # type: ignore[attr-defined]
+    install(plugged, plugstack_line(plugged, conf))
     try:
         r = plugged.srun("--triage", "-N4", "/usr/bin/touch", str(ran), timeout=120)
     finally:
-        install(plugged, plugstack_line(plugged.python, plugged.triage_config))  # type: ignore[attr-defined]
+        install(plugged, plugstack_line(plugged, plugged.triage_config))
         plugged.reset()
     assert r.returncode != 0
     assert "BLOCKED, nothing launched" in r.stderr
@@ -301,11 +302,11 @@ def test_unreachable_evidence_blocks_only_when_configured(plugged: labmod.Lab) -
     results = {}
     for policy in ("block", "warn"):
         conf = _lab_config_with(plugged, f'on_unreachable = "{policy}"\ndeadline_seconds = 1.0\n', dead)
-        install(plugged, plugstack_line(plugged.python, conf))  # type: ignore[attr-defined]
+        install(plugged, plugstack_line(plugged, conf))
         try:
             results[policy] = plugged.srun("--triage", "-N2", "/usr/bin/touch", f"{ran}.{policy}", timeout=120)
         finally:
-            install(plugged, plugstack_line(plugged.python, plugged.triage_config))  # type: ignore[attr-defined]
+            install(plugged, plugstack_line(plugged, plugged.triage_config))
     block, warn = results["block"], results["warn"]
     assert block.returncode != 0 and "BLOCKED, nothing launched" in block.stderr, block.stderr
     assert "the gang gate blocked this step" in block.stderr and not Path(f"{ran}.block").exists()
