@@ -52,9 +52,11 @@ def test_node_dirs_and_config(lab: labmod.Lab) -> None:
     for node in lab.nodes:
         d = lab.node_dir(node)
         lib = d / "nvml" / "libnvidia-ml.so.1"
-        assert os.readlink(lib) == str(labmod.ROOT / "tests" / "fakenvml" / "build" / "libnvidia-ml.so.1")
+        assert os.readlink(lib) == str(lab.checkout / "tests" / "fakenvml" / "build" / "libnvidia-ml.so.1")
         assert lab.scenario(node) == labmod.DEFAULT_SCENARIO
         assert (d / "state").is_dir() and (d / "spool").is_dir() and (d / "kernel.log").is_file()
+    # the job user reaches what the lab runs (a copy in LAB_DIR when the checkout is closed)
+    assert lab.run("test", "-r", str(lab.checkout / "setup.py")).returncode == 0
     text = lab.triage_config.read_text()
     assert f'nvml_library = "{lab.dir}/nodes/{{node}}/nvml/libnvidia-ml.so.1"' in text
     assert pwd.getpwnam(labmod.TEST_USER).pw_uid == lab.workdir.stat().st_uid
