@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Deque, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
-from . import hang, ids
+from . import hang
 from .config import Config, load
 from .deadline import run_probe
 from .sinks.exposition import to_text
@@ -65,23 +65,6 @@ class WatchContext:
     @property
     def step(self) -> str:
         return f"{self.job_id}.{self.step_id}"
-
-
-def context_from_env(env: Mapping[str, str]) -> WatchContext:
-    """The context the SPANK plugin passes in SLURM_TRIAGE_*; every value is checked
-    because it ends up in paths and process titles."""
-    def get(name: str, pattern: "re.Pattern[str]") -> str:
-        v = env.get("SLURM_TRIAGE_" + name, "")
-        if not pattern.fullmatch(v):
-            raise ValueError(f"SLURM_TRIAGE_{name}={v!r} is not valid")
-        return v
-
-    mode = env.get("SLURM_TRIAGE_MODE", "")
-    if mode not in ids.STEP_MODES:
-        raise ValueError(f"SLURM_TRIAGE_MODE={mode!r} is not one of {', '.join(ids.STEP_MODES)}")
-    return WatchContext(job_id=get("JOB_ID", ids.JOB_ID), step_id=get("STEP_ID", ids.STEP_ID),
-                        node=get("NODE", ids.NODE), uid=int(get("UID", ids.NUMERIC_ID)),
-                        gid=int(get("GID", ids.NUMERIC_ID)), mode=mode)
 
 
 # --------------------------------------------------------------------------- files

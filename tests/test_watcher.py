@@ -271,17 +271,6 @@ def test_start_refuses_a_run_dir_planted_by_someone_else(make_step, tmp_path):
         watcher.start(s.ctx, s.cfg)
 
 
-def test_context_from_env_validates_every_value():
-    env = {"SLURM_TRIAGE_JOB_ID": "123", "SLURM_TRIAGE_STEP_ID": "0", "SLURM_TRIAGE_NODE": "gpu-a01",
-           "SLURM_TRIAGE_UID": "1000", "SLURM_TRIAGE_GID": "1000", "SLURM_TRIAGE_MODE": "deep"}
-    assert watcher.context_from_env(env) == WatchContext("123", "0", "gpu-a01", 1000, 1000, "deep")
-    assert watcher.context_from_env({**env, "SLURM_TRIAGE_STEP_ID": "batch"}).step == "123.batch"
-    for key, bad in (("JOB_ID", "12;rm"), ("JOB_ID", ""), ("STEP_ID", "../0"), ("NODE", "../etc"),
-                     ("NODE", "-n"), ("UID", "-1"), ("GID", "x"), ("MODE", "off"), ("MODE", "bogus")):
-        with pytest.raises(ValueError, match="SLURM_TRIAGE_" + key):
-            watcher.context_from_env({**env, "SLURM_TRIAGE_" + key: bad})
-
-
 def test_render_is_typed_and_parsable():
     ctx = WatchContext("1", "0", NODE, 0, 0, "on")
     sample = {"t": 1700000000.5, "gpus": [{"uuid": "GPU-a", "power_watts": 96.0, "util_gpu_percent": 100,
