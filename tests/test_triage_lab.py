@@ -52,8 +52,12 @@ def first(report: Dict[str, Any]) -> Dict[str, Any]:
 def test_nccl_hang_node_is_named_first(lab):
     with lab.config(FAST):
         job = triage_step(lab, "node2", "h100x8-nccl-hang.json")
-    f = first(triage(lab, job))
+    report = triage(lab, job)
+    f = first(report)
     assert f["category"] == "collective_hang" and f["node"] == "node2", f
+    # the watcher's evidence bundle (as the job's user, in the shared /tmp of the lab) is cited
+    assert report["sources"]["bundles"]["files"] >= 1
+    assert any(f"/{job}/hang-node2-" in p for p in f["evidence"]["evidence_bundles"]), f["evidence"]
 
 
 def test_thermal_straggler_node_and_gpu_are_named_first(lab):

@@ -275,3 +275,24 @@ def test_settings_accessor_defaults_and_fallback(write_config) -> None:
     s = settings(cfg)
     assert s["pushgateway_url"] == "http://127.0.0.1:9092" and s["metric_gpu_util"] == "gpu_util"
     assert correlate([]) == []
+
+
+# ---- the watcher's evidence bundles -----------------------------------------------------------
+
+def test_evidence_bundles_flag_the_hung_node(tmp_path) -> None:
+    """A bundle the watcher wrote in the lab (trimmed; job id 4711), read back per node."""
+    import shutil
+
+    from slurm_triage.triage.sources import bundles
+
+    src = Path(__file__).parent / "data" / "bundles" / "hang-node2-0-1795977277.json"
+    job_dir = tmp_path / "slurm-triage-4242" / "4711"
+    job_dir.mkdir(parents=True)
+    shutil.copy(src, job_dir / src.name)
+    (job_dir / "hang-node3-0-1.json").write_bytes(b"\x00garbage{")  # a broken one is a note
+    nodes, rec = bundles.gather(str(tmp_path), "4711")
+    assert sorted(nodes) == ["node2"] and nodes["node2"]["watch"]["hang_suspected"] is True
+    assert nodes["node2"]["watch"]["bundles"] == [str(job_dir / src.name)]
+    assert rec["read"] and rec["files"] == 1 and "hang-node3-0-1.json" in rec["errors"][0]
+    assert bundles.gather(str(tmp_path), "4712")[1]["read"] is False  # another job's: nothing
+    assert bundles.gather(str(tmp_path), "*")[1]["error"].startswith("not a job id")

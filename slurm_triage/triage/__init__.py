@@ -52,7 +52,7 @@ def gather_job(cfg: Config, job_id: Optional[str], settings: Dict[str, Any], nod
                since: Optional[float] = None, until: Optional[float] = None, with_hooks: bool = True,
                progress: Optional[Callable[[str], None]] = None) -> Tuple[JobEvidence, Dict[str, Any], Any]:
     """Slurm facts, metrics and hook records of one job (no logs): evidence, source records, JobFacts."""
-    from .sources import prometheus, pushgateway, slurm
+    from .sources import bundles, prometheus, pushgateway, slurm
 
     sources: Dict[str, Any] = {}
     facts = None
@@ -71,6 +71,8 @@ def gather_job(cfg: Config, job_id: Optional[str], settings: Dict[str, Any], nod
     if with_hooks and job_id:
         nodes_facts, recs = pushgateway.gather(cfg, settings["pushgateway_url"], job_id, node_list)
         sources.update(recs)
+        found, sources["bundles"] = bundles.gather(cfg.get("watcher", "evidence_dir"), job_id)
+        nodes_facts = pushgateway.merge(nodes_facts, found)
     ev = JobEvidence(job=facts.to_dict() if facts else None, metrics=metrics, nodes=nodes_facts, settings=settings)
     return ev, sources, facts
 

@@ -145,6 +145,7 @@ def power_axiom_hang(ev: JobEvidence) -> List[TriageFinding]:
                "(earlier finding); py-spy dump every rank if it recurs",
         evidence={"windows": [{"start": a, "end": b, "nodes": sorted(ns), "watcher": w}
                               for a, b, ns, w in windows[:10]],
+                  "evidence_bundles": sorted(p for f in ev.nodes.values() for p in f.get("watch", {}).get("bundles", [])),
                   "nodes": nodes, "watcher_flag_nodes": live},
         consequence=True)]
 

@@ -32,7 +32,8 @@ def _num(v: Any) -> Optional[float]:
         return None
 
 
-def _node(out: Dict[str, Dict[str, Any]], node: str) -> Dict[str, Any]:
+def node_facts(out: Dict[str, Dict[str, Any]], node: str) -> Dict[str, Any]:
+    """The per-node facts every hook source fills (created empty on first use)."""
     return out.setdefault(node, {"findings": [], "watch": {}, "gpu_diff": {}, "leftovers": [], "gpus": {},
                                  "sources": []})
 
@@ -55,7 +56,7 @@ def from_groups(groups: Iterable[Dict[str, Any]], job_id: str) -> Dict[str, Dict
         if group_job(g) != job_id or labels.get("job") != "slurm_triage" or not labels.get("instance"):
             continue
         phase = labels.get("phase", "")
-        n = _node(out, labels["instance"])
+        n = node_facts(out, labels["instance"])
         n["sources"].append(f"pushgateway:{phase}")
         for m in _family(g, "slurm_triage_findings"):
             ml = m.get("labels") or {}
@@ -84,7 +85,7 @@ def from_state(records: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
     """Pure: per-node facts from the nodes' saved records (``{"prolog": rec, "epilog": rec}`` by node)."""
     out: Dict[str, Dict[str, Any]] = {}
     for node, kinds in records.items():
-        n = _node(out, node)
+        n = node_facts(out, node)
         for phase, rec in kinds.items():
             n["sources"].append(f"state:{phase}")
             for f in rec.get("findings") or []:
@@ -109,7 +110,7 @@ def merge(*parts: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
     out: Dict[str, Dict[str, Any]] = {}
     for part in parts:
         for node, facts in part.items():
-            n = _node(out, node)
+            n = node_facts(out, node)
             phases = {f["phase"] for f in facts["findings"]}
             if any(s.startswith("state:") for s in facts["sources"]):
                 n["findings"] = [f for f in n["findings"] if f["phase"] not in phases]
