@@ -259,3 +259,73 @@ def test_unusable_or_disabled_spool_still_sends_and_reports(pgw, tmp_path):
     pgw.stop()
     res = spool.deliver(cfg, grouping_key("n", "6"), body(48))
     assert (res.delivered, res.spooled, res.dropped) == (False, 0, 1) and "ConnectionError" in res.error
+
+
+class _DropsOneGroup:
+    """A stand-in for Pushgateway 1.11.0's failure (upstream #766): it answers /-/ready and
+    every push, except that a push of the poison group gets its connection dropped, no
+    answer. Only this fault is injected; the real gateway is used everywhere else."""
+
+    def __init__(self, poison: str):
+        import http.server
+        import threading
+
+        seen: List[str] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                seen.append(f"{self.command} {self.path}")
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                if poison in self.path:
+                    self.close_connection = True
+                    self.connection.shutdown(2)
+                    return
+                self.send_response(200 if self.command == "GET" else 202)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_GET = do_PUT = do_DELETE = _answer
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.seen = seen
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_an_entry_that_keeps_failing_while_the_gateway_is_up_is_dropped(tmp_path):
+    gw = _DropsOneGroup(poison="/slurm_job_id/1")
+    try:
+        cfg = make_cfg(tmp_path, gw.url, timeout=0.5, retries=0)
+        (tmp_path / "spool").mkdir()
+        sp = spool.Spool(str(tmp_path / "spool"), 100)
+        for job in ("1", "2"):
+            sp.append("PUT", grouping_key("n", job), body(int(job)))
+        for attempt in range(1, spool.POISON_ATTEMPTS):
+            res = sp.flush(gw.url, 0.5, 0)
+            assert res.sent == 0 and res.pending == 2, (attempt, res)  # kept: it may be the network
+        res = sp.flush(gw.url, 0.5, 0)
+        assert res.dropped == 1 and res.sent == 1 and "gateway is up" in res.error
+        assert sp.entries() == [] and spool.stats(cfg)["spool_dropped"] == 1
+        assert any(s.endswith("/slurm_job_id/2") for s in gw.seen)
+    finally:
+        gw.close()
+
+
+def test_a_down_gateway_never_makes_an_entry_poison(tmp_path):
+    (tmp_path / "spool").mkdir()
+    sp = spool.Spool(str(tmp_path / "spool"), 100)
+    sp.append("PUT", grouping_key("n", "7"), body(7))
+    down = "http://127.0.0.1:9"  # discard port: connection refused at once
+    for _ in range(spool.POISON_ATTEMPTS + 2):
+        assert sp.flush(down, 0.3, 0).pending == 1
+    assert len(sp.entries()) == 1

@@ -108,3 +108,15 @@ def push(url: str, grouping: Dict[str, str], body: bytes, timeout: float = 2.0,
 def delete(url: str, grouping: Dict[str, str], timeout: float = 2.0, retries: int = 1) -> int:
     """Delete the whole group (the gateway answers 202 even when it did not exist)."""
     return _request("DELETE", url, grouping, None, timeout, retries)
+
+
+def ready(url: str, timeout: float = 2.0) -> bool:
+    """True when the gateway answers its readiness endpoint (it is up, whatever a push did)."""
+    import requests
+
+    with requests.Session() as session:
+        session.trust_env = False
+        try:
+            return session.get(url.rstrip("/") + "/-/ready", timeout=timeout).status_code == 200
+        except requests.RequestException:
+            return False

@@ -22,13 +22,17 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ..config import Config
 from .atomic import write_atomic
-from .pushgateway import DEFAULT_JOB, PushError, push
+from .pushgateway import DEFAULT_JOB, PushError, push, ready
 from .pushgateway import delete as delete_group  # "delete" is deliver()'s flag
 
 SCHEMA = 1
 LOCK_FILE = ".lock"
 DROPPED_FILE = "dropped"
 SUFFIX = ".json"
+# An entry that failed this many flushes while the gateway itself answers is poison (e.g.
+# Pushgateway 1.11 drops the connection instead of its 400 for inconsistent metrics,
+# prometheus/pushgateway#766): it is dropped and counted so it cannot wedge the spool.
+POISON_ATTEMPTS = 5
 
 
 @dataclass
@@ -152,7 +156,8 @@ class Spool:
 
         Stops at the first retryable failure (entry kept, its attempt count raised) or
         when ``budget`` seconds have passed; a 4xx answer drops that entry (retrying the
-        same bytes cannot succeed, and it must not wedge the spool).
+        same bytes cannot succeed, and it must not wedge the spool), and so does an entry
+        that failed POISON_ATTEMPTS times while the gateway answers its readiness probe.
         """
         res = FlushResult()
         start = time.monotonic()
@@ -194,6 +199,11 @@ class Spool:
                     res.dropped += 1
                     continue
                 e["attempts"] = int(e.get("attempts", 0)) + 1
+                if e["attempts"] >= POISON_ATTEMPTS and ready(url, timeout):
+                    os.unlink(self._path(name))
+                    res.dropped += 1
+                    res.error = f"dropped after {e['attempts']} failures while the gateway is up: {err}"
+                    continue
                 write_atomic(self._path(name), json.dumps(e, sort_keys=True).encode())
                 res.pending = len(todo) - i
                 break
