@@ -355,20 +355,13 @@ def evidence_from_state(cfg: Config, job_id: str, nodes: Sequence[str]) -> Dict[
     return out
 
 
-def _tool_env() -> Dict[str, str]:
-    import os
-
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}
-    if os.environ.get("SLURM_CONF"):
-        env["SLURM_CONF"] = os.environ["SLURM_CONF"]
-    return env
-
-
 def job_info(cfg: Config, job_id: str, timeout: float = 5.0) -> Tuple[str, Optional[float]]:
     """(NodeList, StartTime as unix seconds) from ``scontrol show job -o``; ("", None) when unknown."""
+    from .slurmctl import tool_env
+
     try:
         r = subprocess.run([cfg.get("hooks", "scontrol"), "show", "job", "-o", job_id], capture_output=True,
-                           text=True, timeout=timeout, env=_tool_env(), cwd="/")
+                           text=True, timeout=timeout, env=tool_env(), cwd="/")
     except (OSError, subprocess.TimeoutExpired):
         return "", None
     nodes = re.search(r"(?:^| )NodeList=(\S+)", r.stdout)

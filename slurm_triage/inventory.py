@@ -11,6 +11,8 @@ import json
 import os
 from typing import Any, Dict, Optional
 
+from .sinks.atomic import write_atomic
+
 IDENTITY = ("uuid", "pci_bus_id", "minor", "name")
 
 
@@ -64,9 +66,6 @@ def update(state_dir: str, gpu: Dict[str, Any], seen_at: float) -> None:
         return
     try:
         os.makedirs(state_dir, exist_ok=True)
-        tmp = f"{path(state_dir)}.{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(inv, fh)
-        os.replace(tmp, path(state_dir))
+        write_atomic(path(state_dir), json.dumps(inv).encode(), mode=0o644, fsync=False)
     except OSError:
         pass  # a read-only state dir only costs the naming of a future lost GPU

@@ -35,7 +35,7 @@ def _scontrol(cfg: Config, args: List[str], timeout: float = 5.0) -> str:
     exe = cfg.get("hooks", "scontrol")
     try:
         r = subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout,
-                           env=_tool_env())
+                           env=tool_env())
     except (OSError, subprocess.TimeoutExpired) as e:
         raise SlurmError(f"{exe} {' '.join(args)}: {e}") from None
     if r.returncode != 0:
@@ -43,10 +43,11 @@ def _scontrol(cfg: Config, args: List[str], timeout: float = 5.0) -> str:
     return r.stdout
 
 
-def _tool_env() -> Dict[str, str]:
-    """A fixed environment for Slurm tools: hooks must not pass the job's on."""
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}
-    if "SLURM_CONF" in os.environ:
+def tool_env() -> Dict[str, str]:
+    """The fixed environment of Slurm commands (scontrol, sacct): PATH, the C locale and the
+    caller's SLURM_CONF; a hook or helper must never pass the job's environment on."""
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C", "LC_ALL": "C"}
+    if os.environ.get("SLURM_CONF"):
         env["SLURM_CONF"] = os.environ["SLURM_CONF"]
     return env
 

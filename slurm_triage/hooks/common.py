@@ -12,10 +12,11 @@ import signal
 import sys
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..config import Config, load
 from ..model import Finding, Verdict
+from ..sinks.atomic import write_atomic
 from .env import EnvError, JobEnv, from_environ
 
 LOG_MAX_BYTES = 1 << 20
@@ -52,10 +53,7 @@ def count_internal_error(cfg: Config) -> int:
     n += 1
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}"
-        with open(tmp, "w") as fh:
-            fh.write(f"{n}\n")
-        os.replace(tmp, path)
+        write_atomic(path, f"{n}\n".encode(), mode=0o644, fsync=False)
     except OSError:
         pass
     return n
@@ -96,6 +94,22 @@ def drain_on_hardware(cfg: Config, env: JobEnv, findings: List[Finding]) -> Opti
         return drain(cfg, env.node, drain_reason(hardware))
     except SlurmError as e:
         return f"drain failed: {e}"
+
+
+def publish(cfg: Config, env: JobEnv, kind: str, record: Dict[str, Any], snap: Dict[str, Any],
+            findings: List[Finding], t0: float, push: Callable[[float], None]) -> Tuple[Optional[str], float]:
+    """What both hooks do once they have judged, in this order: save the state (first, so a
+    later failure loses nothing), drain on a hardware FAIL, push, write the textfile.
+    Returns the drain outcome and the hook's seconds so far (pushed with the results)."""
+    from ..sinks import state
+
+    state.save(cfg, env.job_id, kind, record)
+    drained = drain_on_hardware(cfg, env, findings)
+    seconds = time.monotonic() - t0
+    if cfg.get("pushgateway", "url"):
+        push(seconds)
+    write_textfile(cfg, snap, findings)
+    return drained, seconds
 
 
 def conclude(cfg: Config, kind: str, summary: str, drained: Optional[str], worth_logging: bool) -> int:

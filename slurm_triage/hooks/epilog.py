@@ -19,7 +19,7 @@ from ..checks import run_checks
 from ..config import Config
 from ..model import Finding, Verdict, worst
 from ..snapshot import preload_sinks, take
-from .common import conclude, deliver_logged, drain_on_hardware, internal_errors, run_hook, write_textfile
+from .common import conclude, deliver_logged, internal_errors, publish, run_hook
 from .env import JobEnv
 from .prolog import grouping, job_gpu_uuids
 
@@ -171,12 +171,8 @@ def epilog(cfg: Config, env: JobEnv) -> int:
               "leftovers": [{k: p.get(k) for k in ("pid", "comm", "uid", "listen", "libs")} for p in leftovers],
               "cleanup": cleanup, "findings": [f.to_dict() for f in findings], "snapshot": snap,
               "baseline_verdict": base.get("verdict")}
-    state.save(cfg, env.job_id, "epilog", record)
-    drained = drain_on_hardware(cfg, env, findings)
-    seconds = time.monotonic() - t0
-    if cfg.get("pushgateway", "url"):
-        _push(cfg, env, snap, findings, record, seconds)
-    write_textfile(cfg, snap, findings)
+    drained, seconds = publish(cfg, env, "epilog", record, snap, findings, t0,
+                               lambda s: _push(cfg, env, snap, findings, record, s))
     summary = (f"job {env.job_id}: {verdict.value}, {len(leftovers)} leftover processes, "
                f"{len(cleanup.get('removed', []))} IPC files removed ({seconds:.2f} s)")
     return conclude(cfg, "epilog", summary, drained, verdict != Verdict.OK or bool(leftovers))

@@ -13,7 +13,7 @@ from ..checks import run_checks
 from ..config import Config
 from ..model import Finding, Verdict, worst
 from ..snapshot import preload_sinks, take
-from .common import conclude, deliver_logged, drain_on_hardware, internal_errors, run_hook, write_textfile
+from .common import conclude, deliver_logged, internal_errors, publish, run_hook
 from .env import JobEnv
 
 
@@ -46,14 +46,8 @@ def prolog(cfg: Config, env: JobEnv) -> int:
         from ..sampling import peer_figures
 
         record["peer"] = peer_figures(snap)
-    from ..sinks import state
-
-    state.save(cfg, env.job_id, "prolog", record)
-    drained = drain_on_hardware(cfg, env, findings)
-    seconds = time.monotonic() - t0
-    if cfg.get("pushgateway", "url"):
-        _push(cfg, env, snap, findings, record, seconds)
-    write_textfile(cfg, snap, findings)
+    drained, seconds = publish(cfg, env, "prolog", record, snap, findings, t0,
+                               lambda s: _push(cfg, env, snap, findings, record, s))
     summary = f"job {env.job_id}: {verdict.value} ({len(findings)} findings, {seconds:.2f} s)"
     if verdict != Verdict.OK:
         summary += ": " + "; ".join(f"{f.id} {f.summary}" for f in findings[:3])

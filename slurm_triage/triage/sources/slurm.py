@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from ...gate import HostlistError, expand_hostlist
+from ...slurmctl import tool_env
 
-_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 _SACCT_FIELDS = ("JobID", "State", "ExitCode", "Start", "End", "NodeList", "Reason", "Timelimit", "Submit")
 
 
@@ -44,14 +44,6 @@ class JobFacts:
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
-
-
-def tool_env() -> Dict[str, str]:
-    """The fixed environment of Slurm commands: only PATH, LANG and the caller's SLURM_CONF."""
-    env = {"PATH": _PATH, "LANG": "C", "LC_ALL": "C"}
-    if os.environ.get("SLURM_CONF"):
-        env["SLURM_CONF"] = os.environ["SLURM_CONF"]
-    return env
 
 
 def _run(argv: List[str], timeout: float) -> Tuple[Optional[str], str]:
