@@ -15,7 +15,7 @@ install: venv spank
 venv: .venv/bin/python
 .venv/bin/python: setup.py
 	$(BASE_PYTHON) -m venv .venv
-	.venv/bin/pip install -q -e '.[test]'
+	.venv/bin/pip install -q -e '.[test,mcp,html]'
 	@touch $@
 
 spank:

@@ -9,6 +9,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
     packages=find_packages(include=["slurm_triage", "slurm_triage.*"]),
+    package_data={"slurm_triage.triage.catalog": ["*.toml"]},
     install_requires=[
         "nvidia-ml-py>=12.535.133",
         "psutil>=5.9",
@@ -19,6 +20,9 @@ setup(
     extras_require={
         "test": ["pytest>=7"],
         "slurm": ["pyslurm"],
+        # The MCP SDK 2.x (MCPServer; 2.0 renamed FastMCP) needs Python >= 3.10; the core does not.
+        "mcp": ["mcp>=2.3,<3; python_version >= '3.10'"],
+        "html": ["matplotlib>=3.5"],
     },
     entry_points={
         "console_scripts": [

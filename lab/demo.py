@@ -7,7 +7,10 @@
    released, it runs on healthy nodes; node3's Prolog names the leftovers;
 4. `srun --triage` on node3 is refused before launch, naming node3 and why;
 5. the in-step watcher catches a hang when node4's GPUs switch to busy-at-idle-power;
-6. the summaries read back from the Pushgateway and queried from Prometheus; `triage JOB`.
+6. the summaries read back from the Pushgateway and queried from Prometheus; `triage JOB`;
+7. the training stand-in (lab/workload/train.py): a rank lagging behind a GPU that throttles by
+   heat, found through step time; a job restored from a checkpoint with leaked communicator
+   threads, against its fresh run; RDMA retransmits on one node's port.
 
 Exit 0 when everything behaved as expected, 1 otherwise (each expectation is printed).
 """
@@ -105,9 +108,12 @@ class Demo:
         self.lab.wait_idle()
         for node in self.lab.nodes:
             pro, epi = self.state(node, job, "prolog"), self.wait(lambda: self.state(node, job, "epilog"), 20)
-            energy = sum((d.get("energy_joules") or 0) for d in (epi or {}).get("gpu_diff", {}).values())
+            diffs = list((epi or {}).get("gpu_diff", {}).values())
+            energy = sum((d.get("energy_joules") or 0) for d in diffs)
+            reset = any("energy_joules" in d.get("counter_reset", []) for d in diffs)
             self.show(f"{node}: Prolog {pro and pro['verdict']}, Epilog {epi and epi['verdict']}, "
-                      f"{len((pro or {}).get('job_gpus', []))} GPUs, job energy {energy:.0f} J")
+                      f"{len((pro or {}).get('job_gpus', []))} GPUs, job energy "
+                      + ("counter reset" if reset else f"{energy:.0f} J"))
         self.expect(all((self.state(n, job, "prolog") or {}).get("verdict") == "OK" for n in self.lab.nodes),
                     "every node's Prolog says OK")
 
@@ -232,9 +238,12 @@ class Demo:
                 continue
             verdict = next((m["labels"] for m in (g.get("slurm_triage_node_verdict") or {}).get("metrics", [])
                             if float(m["value"]) == 1.0), {})
-            rows.append(f"{lab.get('instance'):<6} {lab.get('phase'):<9} job {lab.get('slurm_job_id') or verdict.get('slurm_job_id', '-'):<5}"
+            rows.append(f"{lab.get('instance') or '-':<6} {lab.get('phase') or 'check':<9} "
+                        f"job {lab.get('slurm_job_id') or verdict.get('slurm_job_id', '-'):<5}"
                         f" verdict {verdict.get('verdict', '-')}")
-        self.show("\n".join(sorted(rows)))
+        newest = {r.split(" job ")[0]: r for r in sorted(rows, key=lambda r: int(r.split(" job ")[1].split()[0])
+                                                          if r.split(" job ")[1].split()[0].isdigit() else 0)}
+        self.show("\n".join(sorted(newest.values())))  # the newest group of each node and phase
         query = 'sum by (instance, slurm_job_id) (slurm_triage_job_gpu_energy_joules)'
         res = self.wait(lambda: self.prom(query), 20)
         self.show(f"Prometheus: {query}")
@@ -249,13 +258,88 @@ class Demo:
         root = r.stdout.split("ROOT CAUSE", 1)[-1].splitlines()[0:2] if "ROOT CAUSE" in r.stdout else []
         self.expect(r.returncode == 1 and "collective_hang" in " ".join(root) and "node4" in " ".join(root),
                     "triage names the collective hang on node4 as the root cause")
+        page = self.lab.dir / "reports" / f"triage-{jobs[-1]}.html"
+        page.parent.mkdir(exist_ok=True)
+        h = subprocess.run([CLI, "triage", str(jobs[-1]), "--format", "html", "--output", str(page)],
+                           capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "SLURM_TRIAGE_CONFIG": str(self.lab.triage_config),
+                                "SLURM_CONF": self.lab.slurm_conf})
+        html = page.read_text() if page.exists() else ""
+        self.show(f"the report for a browser: {page} ({len(html) // 1024} KiB)")
+        self.expect(h.returncode == 1 and html.count("<svg") >= 3 and "node4" in html,
+                    "triage --format html wrote a self-contained page with node4's timeline plots")
+
+    def triage_json(self, job: str, *extra: str) -> Dict[str, Any]:
+        r = subprocess.run([CLI, "triage", job, *extra, "--format", "json"], capture_output=True, text=True,
+                           timeout=120, env={**os.environ, "SLURM_TRIAGE_CONFIG": str(self.lab.triage_config),
+                                             "SLURM_CONF": self.lab.slurm_conf})
+        return json.loads(r.stdout) if r.stdout.strip() else {"findings": [], "error": r.stderr}
+
+    def show_root(self, report: Dict[str, Any], n: int = 2) -> None:
+        for f in report["findings"][:n]:
+            cause = f" (caused by {f['caused_by']})" if f.get("caused_by") else ""
+            self.show(f"[{f['category']}] {f['summary']}{cause}")
+
+    def thermal_straggler(self) -> None:
+        self.step("A training job whose rank on node2 lags: step time finds the node, the GPU says why")
+        for n in ("node1", "node2"):
+            self.lab.set_scenario(n, "h100x8-busy.json")
+        job = self.lab.train("slow-rank", 80, during=lambda: self.lab.set_scenario("node2", "h100x8-thermal.json"),
+                             extra=["--slow-node", "node2", "--slow-factor", "4"])
+        report = self.triage_json(job)
+        self.show_root(report)
+        root = (report["findings"] or [{}])[0]
+        strag = [f for f in report["findings"] if f["id"] == "metric.straggler.node2"]
+        self.expect(root.get("category") == "thermal_power" and root.get("node") == "node2" and
+                    str(root.get("gpu", "")).startswith("GPU-5291"), "root cause: GPU 5 of node2 throttling by heat")
+        self.expect(bool(strag) and strag[0]["caused_by"] == root.get("id"),
+                    "the step-time straggler on node2 follows from it")
+        for n in ("node1", "node2"):
+            self.lab.set_scenario(n, DEFAULT_SCENARIO)
+        self.lab.wait_node("node2", lambda st: "COMPLETING" not in st)
+        if "DRAIN" in self.lab.node_state("node2"):  # its Epilog drained it for the heat: back for the next story
+            self.lab.resume("node2")
+
+    def thread_leak(self) -> None:
+        self.step("The same job fresh and restored from a checkpoint: the restored one is slower")
+        fresh = self.lab.train("fresh", 80)
+        restored = self.lab.train("restored", 80, extra=["--restore-threads", "2"])
+        self.show(f"triage {restored} --baseline {fresh}")
+        report = self.triage_json(restored, "--baseline", fresh)
+        self.show_root(report, 1)
+        root = (report["findings"] or [{}])[0]
+        self.expect(root.get("id") == "metric.baseline.threads" and "pt_nccl_watchdg" in root.get("summary", ""),
+                    "triage names the leaked communicator threads against the fresh run")
+
+    def rdma_retransmits(self) -> None:
+        self.step("RDMA retransmits climb on node2's port during a job")
+        proc = subprocess.Popen(["runuser", "-u", TEST_USER, "--", "env", "-i", "PATH=/usr/bin:/bin",
+                                 f"SLURM_CONF={self.lab.slurm_conf}", "srun", "-N2", "-w", "node1,node2", "sh", "-c",
+                                 'test "$SLURM_NODEID" = 0 && echo "$SLURM_JOB_ID"; sleep 3'],
+                                cwd=str(self.lab.workdir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.5)
+        self.lab.set_rdma("node2", "local_ack_timeout_err+=300", "out_of_sequence+=1200", "symbol_error+=25")
+        out, _ = proc.communicate(timeout=60)
+        self.lab.wait_idle(["node1", "node2"])
+        report = self.triage_json(out.split()[0])
+        net = [f for f in report["findings"] if f["category"] == "network"]
+        self.show_root({"findings": net}, 1)
+        self.expect(bool(net) and net[0]["node"] == "node2" and "mlx5_0 port 1" in net[0]["summary"],
+                    "triage names node2's mlx5_0 port 1 and the counters' rates")
+        self.lab.set_rdma("node2", reset=True)
 
     def restore(self) -> None:
         self.step("The operator resumes node2 once its GPU is back (only our drain reasons are ours to clear)")
         self.lab.set_scenario("node2", DEFAULT_SCENARIO)
-        r = self.sh(CLI, "node", "resume", "node2", user=None)
+        # `node resume` runs here, not on node2: it decides on node2's own fresh pushed check
+        env = {"SLURM_TRIAGE_CONFIG": str(self.lab.triage_config)}
+        r = self.lab.run(CLI, "check", "--push", user=None, extra_env={**env, "SLURMD_NODENAME": "node2"})
+        self.show(r.stdout)
+        self.expect("push: delivered" in r.stdout, "a fresh check of node2 (node2's own GPUs), pushed as node2")
+        r = self.lab.run(CLI, "node", "resume", "node2", user=None, extra_env=env)
         self.show(r.stdout + r.stderr)
-        self.expect(r.returncode == 0, "slurm-triage node resume node2")
+        self.expect(r.returncode == 0 and "pushed from node2" in r.stdout,
+                    "slurm-triage node resume node2, on node2's evidence")
 
 
 def main() -> int:
@@ -277,6 +361,9 @@ def main() -> int:
         jobs.append(demo.watcher_catches_a_hang())
         demo.summaries(jobs)
         demo.restore()
+        demo.thermal_straggler()
+        demo.thread_leak()
+        demo.rdma_retransmits()
     except Exception as e:  # noqa: BLE001 - the demo reports, then restores the lab
         demo.expect(False, f"demo step failed: {type(e).__name__}: {e}")
     finally:

@@ -133,12 +133,47 @@ class Lab:
         subprocess.run([str(ROOT / "lab" / "set-scenario"), node, scenario], check=True,
                        capture_output=True, text=True, env={**os.environ, "LAB_DIR": str(self.dir)})
 
+    def train(self, mode: str, steps: int, nodes: str = "node1,node2", during: Optional[Callable[[], Any]] = None,
+              extra: Iterable[str] = (), triage: bool = True) -> str:
+        """The training stand-in (lab/workload/train.py) as a 2-node job of one rank per node,
+        `srun --triage` by default; `during()` runs 2 s after the job started running (a fault
+        injected mid-job). Returns the job
+        id once the job's nodes are done and Prometheus has scraped its last step times."""
+        self.wait_idle(nodes.split(","))
+        train = str(self.checkout / "lab" / "workload" / "train.py")
+        argv = ["runuser", "-u", TEST_USER, "--", "env", "-i", "PATH=/usr/bin:/bin", f"SLURM_CONF={self.slurm_conf}",
+                "srun"] + (["--triage"] if triage else []) + [
+                "-N2", "-n2", "-w", nodes, "/usr/bin/python3", train, "--mode", mode, "--steps", str(steps),
+                "--pushgateway", self.pushgateway_url, "--bytes", "200000", "--work", "100000", "--log-every", "5",
+                *extra]
+        proc = subprocess.Popen(argv, cwd=str(self.workdir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if during:  # only once the Prologs are done: a fault before would drain the node instead
+            deadline = time.monotonic() + 60
+            while proc.poll() is None and time.monotonic() < deadline and not self.run(
+                    "squeue", "-h", "-t", "R", "-n", "python3", "-o", "%i", user=None).stdout.strip():
+                time.sleep(0.2)
+            time.sleep(2)
+            during()
+        out, err = proc.communicate(timeout=300)
+        if proc.returncode:
+            raise RuntimeError(f"training job failed ({proc.returncode}): {err.strip()[-500:]}")
+        for n in nodes.split(","):
+            self.wait_node(n, lambda s: "COMPLETING" not in s)
+        time.sleep(6)  # one more Prometheus scrape (5 s) of the Pushgateway
+        return out.split("job=", 1)[1].split()[0]
+
+    def set_rdma(self, node: str, *assignments: str, reset: bool = False) -> None:
+        """Advance NODE's InfiniBand counters (``symbol_error+=5``, ``link_downed=1``: lab/set-rdma)."""
+        argv = [str(ROOT / "lab" / "set-rdma"), node] + (["--reset"] if reset else []) + list(assignments)
+        subprocess.run(argv, check=True, capture_output=True, text=True, env={**os.environ, "LAB_DIR": str(self.dir)})
+
     def reset(self, timeout: float = 30) -> None:
-        """Default scenario everywhere, no jobs, every node resumed and IDLE (test isolation)."""
+        """Default scenario and quiet RDMA counters everywhere, no jobs, every node resumed and IDLE."""
         self.run("scancel", "-u", TEST_USER, user=None)
         for node in self.nodes:
             if self.scenario(node) != DEFAULT_SCENARIO:
                 self.set_scenario(node, DEFAULT_SCENARIO)
+            self.set_rdma(node, reset=True)
         # An Epilog still running from a faulty scenario may drain again after a resume:
         # resume only once nothing is completing.
         for node in self.nodes:

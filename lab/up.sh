@@ -168,6 +168,7 @@ echo "required $RUN_REPO/spank/slurm_triage_spank.so python=$RUN_REPO/.venv/bin/
   > "$E/plugstack.conf.d/slurm-triage.conf"
 render "$HERE/etc/slurm-triage.toml.in" "$E/slurm-triage.toml"
 render "$HERE/etc/prometheus.yml.in" "$LAB_DIR/prom/prometheus.yml"
+mkdir -p "$LAB_DIR/prom/rules" && cp "$RUN_REPO"/etc/prometheus/*.rules.yml "$LAB_DIR/prom/rules/"
 [ -s "$LAB_DIR/db/pass" ] || { umask 077; head -c 18 /dev/urandom | base64 | tr -d '/+=' > "$LAB_DIR/db/pass"; umask 022; }
 DB_PASS=$(cat "$LAB_DIR/db/pass")
 render "$HERE/etc/slurmdbd.conf.in" "$E/slurmdbd.conf" 600
@@ -178,6 +179,7 @@ for i in $(seq 1 "$LAB_NODES"); do
   N="$LAB_DIR/nodes/node$i"
   mkdir -p "$N/nvml" "$N/state" "$N/spool"
   ln -sfn "$RUN_REPO/tests/fakenvml/build/libnvidia-ml.so.1" "$N/nvml/libnvidia-ml.so.1"
+  "$HERE/set-rdma" "node$i" --reset >/dev/null   # a quiet mlx5 HDR port (rdma.sysfs_root)
   [ -L "$N/nvml/scenario.json" ] && continue
   if [ -f "$SCENARIOS/$LAB_SCENARIO" ]; then
     "$HERE/set-scenario" "node$i" "$LAB_SCENARIO" >/dev/null

@@ -86,27 +86,12 @@ def cmd_node_resume(args: argparse.Namespace) -> int:
     """Resume a node we drained, after its checks pass again on this node."""
     import os
 
-    from .model import Verdict
-    from .node import check_node, render_text
-    from .slurmctl import SlurmError, node_state, resume
+    from .config import node_name
+    from .node import resume_node
 
+    here = node_name()  # where this runs: NODE itself checks itself, elsewhere NODE's pushed result decides
     os.environ["SLURMD_NODENAME"] = args.node  # so {node} in the config names this node's paths
-    cfg = _load_config(args)
-    try:
-        current = node_state(cfg, args.node)
-        if not current.ours:
-            print(f"{args.node}: reason {current.reason!r} is not ours; leaving it", file=sys.stderr)
-            return EXIT_FAIL
-        report = check_node(cfg)
-        if report.verdict == Verdict.FAIL and not args.force:
-            sys.stdout.write(render_text(report))
-            print(f"{args.node}: checks still FAIL; not resuming (--force to override)", file=sys.stderr)
-            return EXIT_FAIL
-        print(resume(cfg, args.node))
-    except SlurmError as e:
-        print(f"slurm-triage: {e}", file=sys.stderr)
-        return EXIT_FAIL
-    return EXIT_OK
+    return EXIT_OK if resume_node(_load_config(args), args.node, args.force, here) else EXIT_FAIL
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -141,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("node", help="act on a node's drain state")
     nsub = c.add_subparsers(dest="node_command", metavar="ACTION")
-    nr = nsub.add_parser("resume", help="resume NODE if we drained it and its checks now pass (run on NODE)")
+    nr = nsub.add_parser("resume", help="resume NODE if we drained it and evidence about NODE now passes (its checks on NODE, else its fresh pushed result)")
     nr.add_argument("node", metavar="NODE")
     nr.add_argument("--force", action="store_true", help="resume even if the checks still FAIL")
     nr.set_defaults(func=cmd_node_resume)
@@ -177,8 +162,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def triage_main(argv: Optional[Sequence[str]] = None) -> int:
-    """The `triage` alias: `triage JOBID` == `slurm-triage triage JOBID`."""
+    """The `triage` alias: `triage JOBID` == `slurm-triage triage JOBID`; `triage mcp` serves the agent tools."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    return main(["triage", *argv])
+    return main(argv if argv[:1] == ["mcp"] else ["triage", *argv])
 
 

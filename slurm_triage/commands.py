@@ -16,4 +16,10 @@ def _gate(sub: Any) -> None:
     register(sub)
 
 
-REGISTER: List[Callable[[Any], None]] = [_gate, _triage]
+def _mcp(sub: Any) -> None:
+    from .mcp.cli import register
+
+    register(sub)
+
+
+REGISTER: List[Callable[[Any], None]] = [_gate, _triage, _mcp]

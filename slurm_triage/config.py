@@ -7,6 +7,7 @@ contain ``{node}``, replaced by this node's name, so one file serves every node.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import socket
@@ -20,6 +21,7 @@ else:  # pragma: no cover - exercised on RHEL 9's Python 3.9
     import tomli as tomllib
 
 DEFAULT_PATH = "/etc/slurm-triage/config.toml"
+MAX_NUMBER = 1e9  # no setting needs more; inf, nan and 1e300 are typos or attacks
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,15 @@ def _positive(v: Any) -> Optional[str]:
 
 def _non_negative(v: Any) -> Optional[str]:
     return None if v >= 0 else "must be >= 0"
+
+
+def _between(lo: float, hi: float, lo_open: bool = True) -> Callable[[Any], Optional[str]]:
+    """A bounded number: a deadline of inf or 1e300 is a hook that never ends."""
+    def check(v: Any) -> Optional[str]:
+        ok = (v > lo if lo_open else v >= lo) and v <= hi
+        return None if ok else f"must be {'>' if lo_open else '>='} {lo:g} and <= {hi:g}"
+
+    return check
 
 
 def _absolute_or_empty(v: str) -> Optional[str]:
@@ -60,31 +71,33 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
         "state_dir": Key(str, "/var/lib/slurm-triage", "Per-job JSON state (baselines, verdicts).", _absolute_or_empty),
         "spool_dir": Key(str, "/var/spool/slurm-triage", "Pushes that could not be delivered, replayed in order.", _absolute_or_empty),
         "state_max_age_days": Key(float, 14.0, "Job state directories older than this are pruned.", _positive),
-        "spool_max_files": Key(int, 1000, "Oldest spooled pushes beyond this count are dropped (and counted).", _positive),
+        "spool_max_files": Key(int, 1000, "Oldest spooled pushes beyond this count are dropped (and counted).", _between(0, 1000000)),
+        "spool_max_bytes": Key(int, 64 << 20, "Oldest spooled pushes beyond this many bytes are dropped (and counted).", _between(0, 1 << 40)),
+        "syslog_socket": Key(str, "/dev/log", "Hooks log each line here too (syslog/journald): slurmd discards a hook's stderr on success; empty: do not.", _absolute_or_empty),
     },
     "gpu": {
         "enabled": Key(bool, True, "Collect GPU facts through NVML."),
         "nvml_library": Key(str, "", "Absolute path of libnvidia-ml.so.1 to load; empty: the system one.", _absolute_or_empty),
-        "deadline_seconds": Key(float, 5.0, "NVML runs in a child process killed after this long (-> UNKNOWN).", _positive),
+        "deadline_seconds": Key(float, 5.0, "NVML runs in a child process killed after this long (-> UNKNOWN).", _between(0, 60)),
         "expected_count": Key(int, -1, "GPUs this node must show; -1: do not check the count."),
         "temperature_margin_celsius": Key(float, 5.0, "WARN when a GPU is this close to its own slowdown threshold.", _non_negative),
     },
     "procs": {
         "enabled": Key(bool, True, "Collect processes, sockets and IPC files."),
-        "deadline_seconds": Key(float, 3.0, "Deadline for the process scan.", _positive),
+        "deadline_seconds": Key(float, 3.0, "Deadline for the process scan.", _between(0, 60)),
         "ipc_dirs": Key(list, ["/dev/shm", "/tmp"], "Directories scanned (lstat only) for NCCL/MPI/UCX/PSM2/torch leftovers."),
     },
     "kernel": {
         "enabled": Key(bool, True, "Read NVIDIA Xid, fallen-off-the-bus and PCIe AER lines from the kernel log."),
         "source": Key(str, "auto", "auto (kmsg, then dmesg), kmsg, dmesg or file.", _one_of("auto", "kmsg", "dmesg", "file")),
         "path": Key(str, "", "Kernel log file read when source = \"file\".", _absolute_or_empty),
-        "deadline_seconds": Key(float, 2.0, "Deadline for reading the kernel log.", _positive),
+        "deadline_seconds": Key(float, 2.0, "Deadline for reading the kernel log.", _between(0, 60)),
     },
     "rdma": {
         "enabled": Key(bool, True, "Read InfiniBand/RoCE ports from sysfs."),
         "sysfs_root": Key(str, "/sys/class/infiniband", "Root of the IB class tree (tests point it at a recorded tree).", _absolute_or_empty),
         "expected_rate_gbps": Key(float, 0.0, "WARN when an active port runs below this rate; 0: do not check.", _non_negative),
-        "deadline_seconds": Key(float, 2.0, "Deadline for the sysfs read.", _positive),
+        "deadline_seconds": Key(float, 2.0, "Deadline for the sysfs read.", _between(0, 60)),
     },
     "listeners": {
         "dashboard_ports": Key(list, [8265, 6006, 8888, 8889, 6007, 5000, 7860, 8080],
@@ -94,13 +107,24 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
         "disabled": Key(list, [], "Check ids to skip (see `slurm-triage checks`)."),
     },
     "hooks": {
-        "prolog_deadline_seconds": Key(float, 8.0, "Hard deadline of the Prolog; keep it below MessageTimeout (10 s) and PrologEpilogTimeout.", _positive),
-        "epilog_deadline_seconds": Key(float, 20.0, "Hard deadline of the Epilog; keep it below PrologEpilogTimeout.", _positive),
+        "prolog_deadline_seconds": Key(float, 8.0, "Hard deadline of the Prolog; keep it below MessageTimeout (10 s) and PrologEpilogTimeout.", _between(0, 60)),
+        "epilog_deadline_seconds": Key(float, 20.0, "Hard deadline of the Epilog; keep it below PrologEpilogTimeout.", _between(0, 300)),
         "drain": Key(bool, True, "On a hardware FAIL, drain the node with a reason tagged \"triage:\" and exit non-zero."),
         "scontrol": Key(str, "/usr/bin/scontrol", "Absolute path of scontrol (hooks run without PATH).", _absolute_or_empty),
         "cleanup": Key(bool, False, "Epilog: SIGTERM, then SIGKILL, this job's leftover processes and remove its IPC files."),
-        "cleanup_grace_seconds": Key(float, 3.0, "Epilog: time between SIGTERM and SIGKILL.", _non_negative),
-        "sample_seconds": Key(float, 2.0, "Prolog with --triage: NVML sampling window for stuck clocks, throttling, idle power.", _non_negative),
+        "cleanup_grace_seconds": Key(float, 3.0, "Epilog: time between SIGTERM and SIGKILL.", _between(0, 60, lo_open=False)),
+        "sample_seconds": Key(float, 2.0, "Prolog with --triage: NVML sampling window for stuck clocks, throttling, idle power.", _between(0, 30, lo_open=False)),
+    },
+    "drain": {
+        "max_nodes": Key(int, 0, "Circuit breaker: drain no node while this many carry a \"triage:\" drain reason (now or within window_seconds); 0: no absolute cap.", _between(0, 1000000, lo_open=False)),
+        "max_fraction": Key(float, 0.0, "Circuit breaker: drain no node while this fraction of its partition (rounded up) carries our reason; 0: no cap.", _between(0, 1, lo_open=False)),
+        "on_breaker": Key(str, "run", "When the breaker holds a drain back: \"run\" the job anyway, or \"fail_job\" (cancel it; the node stays in service).", _one_of("run", "fail_job")),
+        "window_seconds": Key(float, 3600.0, "Circuit breaker: a node drained by us this recently still counts after it was resumed.", _between(0, 7 * 86400, lo_open=False)),
+        "cache_seconds": Key(float, 10.0, "Circuit breaker: reuse this node's last sinfo census this long (1,000 Prologs at once must not hammer slurmctld).", _between(0, 3600, lo_open=False)),
+        "sinfo": Key(str, "/usr/bin/sinfo", "Absolute path of sinfo.", _absolute_or_empty),
+        "scancel": Key(str, "/usr/bin/scancel", "Absolute path of scancel (on_breaker = \"fail_job\").", _absolute_or_empty),
+        "resume_max_age_seconds": Key(float, 900.0, "`node resume NODE` run elsewhere: NODE's pushed check result must be younger than this (and newer than the drain).", _between(0, 7 * 86400)),
+        "retry_seconds": Key(float, 600.0, "slurmctld did not answer our drain: keep retrying it this long in the background, and re-tag Slurm's \"Prolog error\" with our reason.", _between(0, 86400, lo_open=False)),
     },
     "gate": {
         "deadline_seconds": Key(float, 10.0, "srun --triage / gang-check: wait at most this long for every node's Prolog verdict (keep it below the plugin's gate_timeout).", _positive),
@@ -164,8 +188,10 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
     },
     "pushgateway": {
         "url": Key(str, "", "Pushgateway base URL, e.g. http://127.0.0.1:9091; empty: do not push.", _url_or_empty),
-        "timeout_seconds": Key(float, 2.0, "Per-request timeout; a down gateway costs at most this per push.", _positive),
-        "retries": Key(int, 1, "Extra attempts (with jitter) before spooling.", _non_negative),
+        "timeout_seconds": Key(float, 2.0, "Per-request timeout; a down gateway costs at most this per push.", _between(0, 30)),
+        "retries": Key(int, 1, "Extra attempts (with jitter) before spooling.", _between(0, 5, lo_open=False)),
+        "hook_budget_seconds": Key(float, 3.0, "A hook's pushes, spool replay included, together take at most this long; the rest waits in the spool.", _between(0, 30)),
+        "result_keep_seconds": Key(float, 300.0, "A job's last_job group stays in the gateway this long (keep it several Prometheus scrape intervals), then a later push from the node deletes it; every group kept makes each push slower (the gateway checks a push against all groups).", _between(0, 86400)),
     },
     "textfile": {
         "directory": Key(str, "", "node_exporter textfile collector directory; empty: do not write.", _absolute_or_empty),
@@ -227,6 +253,8 @@ def _coerce(key: Key, value: Any) -> Any:
         raise TypeError
     if not isinstance(value, key.type):
         raise TypeError
+    if key.type in (int, float) and not (math.isfinite(value) and abs(value) <= MAX_NUMBER):
+        raise ValueError(f"must be a finite number of magnitude <= {MAX_NUMBER:g}, got {value!r}")
     return value
 
 
@@ -274,6 +302,9 @@ def parse(text: str, path: str = "<string>", errors: Optional[List[ConfigError]]
             except TypeError:
                 bad(ConfigError(f"expected {key.type.__name__}, got {type(v).__name__} {v!r}", path, name, line))
                 continue
+            except ValueError as e:
+                bad(ConfigError(str(e), path, name, line))
+                continue
             problem = key.check(v) if key.check else None
             if problem:
                 bad(ConfigError(f"{problem}, got {v!r}", path, name, line))
@@ -299,6 +330,17 @@ def resolve_path(explicit: Optional[str] = None) -> Optional[str]:
     return DEFAULT_PATH if os.path.exists(DEFAULT_PATH) else None
 
 
+def _read_regular(path: str) -> str:
+    """The file's text; a FIFO or device there is refused at once instead of blocking a hook."""
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"not a regular file: {path}")
+        return fh.read(1 << 20).decode("utf-8")
+
+
 def load(explicit: Optional[str] = None, fail_open: bool = False, node: Optional[str] = None) -> Config:
     """Load and validate the config.
 
@@ -311,8 +353,7 @@ def load(explicit: Optional[str] = None, fail_open: bool = False, node: Optional
     cfg = Config(defaults())
     if path is not None:
         try:
-            with open(path, encoding="utf-8") as fh:
-                text = fh.read()
+            text = _read_regular(path)
             errors: List[ConfigError] = []
             cfg = Config(parse(text, path, errors if fail_open else None), source=path)
             cfg.warnings.extend(f"{e}; using the default for it" for e in errors)

@@ -4,6 +4,10 @@ A hung driver call (NVML in D-state, a stuck sysfs read) cannot be interrupted i
 the process that made it; it can only be abandoned. Each probe therefore runs in its own
 forked child, all children run at once, and any child past its deadline is SIGKILLed and
 reported as timed out. Results travel back as JSON over a pipe.
+
+Each top-level probe leads its own process group and the deadline kills the whole group:
+a probe that forks helpers of its own (the parallel /proc scan) leaves none running after
+the hook is gone. Probes nested inside a probe stay in that probe's group.
 """
 from __future__ import annotations
 
@@ -15,6 +19,22 @@ import time
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
+
+_IN_PROBE = False
+"""True inside a probe's child: its own children join its process group."""
+
+
+def _die_with(parent: int) -> None:
+    """A probe must not outlive a hook that was SIGKILLed (OOM killer), nor a probe's helper
+    its probe: the kernel kills the child when its parent dies (PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it died before the call
+        os._exit(1)
 
 
 @dataclass
@@ -51,17 +71,29 @@ def run_probes(probes: Dict[str, Tuple[Callable[[], Any], float]],
     ``meanwhile`` runs in the parent while the children work (e.g. imports the sinks
     need), so its cost overlaps theirs instead of adding to it.
     """
+    global _IN_PROBE
     start = time.monotonic()
+    own_group = not _IN_PROBE
     running: Dict[int, Tuple[str, int, float, bytearray]] = {}  # rfd -> (name, pid, deadline, buf)
     results: Dict[str, ProbeResult] = {}
+    parent = os.getpid()
     for name, (fn, seconds) in probes.items():
         rfd, wfd = os.pipe()
         pid = os.fork()
         if pid == 0:  # child
+            _IN_PROBE = True
+            if own_group:
+                os.setpgid(0, 0)
+            _die_with(parent)
             os.close(rfd)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             _child(fn, wfd)
         os.close(wfd)
+        if own_group:
+            try:
+                os.setpgid(pid, pid)  # also here: whichever side runs first, the group exists
+            except OSError:
+                pass  # the child set it already and exec'd or exited
         running[rfd] = (name, pid, start + seconds, bytearray())
     if meanwhile is not None:
         meanwhile()
@@ -69,7 +101,10 @@ def run_probes(probes: Dict[str, Tuple[Callable[[], Any], float]],
         now = time.monotonic()
         for rfd, (name, pid, deadline, _) in list(running.items()):
             if now >= deadline:
-                os.kill(pid, signal.SIGKILL)
+                if own_group:
+                    os.killpg(pid, signal.SIGKILL)  # the probe and every helper it forked
+                else:
+                    os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
                 os.close(rfd)
                 del running[rfd]

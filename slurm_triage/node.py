@@ -1,9 +1,11 @@
-"""`slurm-triage check`: snapshot this node, judge it, report, optionally push."""
+"""`slurm-triage check`: snapshot this node, judge it, report, optionally push; and
+`slurm-triage node resume`, which resumes a node we drained once the evidence allows."""
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from .checks import run_checks
 from .config import Config
@@ -90,3 +92,139 @@ def render_text(report: NodeReport) -> str:
     if report.delivery:
         lines.append(f"  push: {report.delivery}")
     return "\n".join(lines) + "\n"
+
+
+@dataclass
+class Evidence:
+    """What a resume is decided from: a verdict about the node, when, and from where."""
+    allowed: bool
+    why: str
+    lines: List[str] = field(default_factory=list)
+
+
+def _metrics(group: Dict[str, Any], name: str) -> List[Dict[str, Any]]:
+    return ((group.get(name) or {}).get("metrics")) or []
+
+
+def _value(m: Dict[str, Any]) -> Optional[float]:
+    try:
+        return float(m.get("value"))
+    except (TypeError, ValueError):
+        return None
+
+
+def judge_pushed(groups: List[Dict[str, Any]], node: str, drained_at: Optional[float], reason: str,
+                 now: float, max_age: float) -> Evidence:
+    """Pure: may ``node`` be resumed on its newest pushed check result (``/api/v1/metrics``)?
+
+    Only a result newer than the drain and younger than ``max_age`` counts, its verdict
+    OK or WARN; for a drain that names a GPU, a result whose GPU probe did not answer
+    (UNKNOWN) is no evidence that the GPU is back.
+    """
+    best: Optional[Tuple[float, Dict[str, Any]]] = None
+    for g in groups:
+        labels = g.get("labels") or {}
+        if labels.get("job") != "slurm_triage" or labels.get("instance") != node:
+            continue
+        for m in _metrics(g, "slurm_triage_check_timestamp_seconds"):
+            t = _value(m)
+            if t is not None and _metrics(g, "slurm_triage_node_verdict") and (best is None or t > best[0]):
+                best = (t, g)
+    if best is None:
+        return Evidence(False, f"no check result of {node} in the Pushgateway")
+    t, g = best
+    phase = (g.get("labels") or {}).get("phase") or "check"
+    verdict = next((m["labels"].get("verdict") for m in _metrics(g, "slurm_triage_node_verdict")
+                    if _value(m) == 1.0), "?")
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
+    lines = [f"evidence: {node}'s own {phase} result pushed from {node}, taken {stamp} "
+             f"({now - t:.0f} s ago): {verdict}"]
+    gpus = [m.get("labels", {}) for m in _metrics(g, "slurm_triage_gpu_info")]
+    driver = [m.get("labels", {}) for m in _metrics(g, "slurm_triage_gpu_driver_info")]
+    if gpus:
+        lines.append(f"  {len(gpus)} GPUs ({gpus[0].get('name', '?')}), driver "
+                     f"{driver[0].get('driver_version', '?') if driver else '?'}: "
+                     + ", ".join(f"{x.get('index', '?')}={x.get('gpu_uuid', '?')[:12]}" for x in gpus))
+    bad = [m.get("labels", {}) for m in _metrics(g, "slurm_triage_findings")
+           if m.get("labels", {}).get("verdict") in ("FAIL", "WARN", "UNKNOWN")]
+    lines += [f"  {b.get('verdict')} {b.get('check')} {b.get('gpu_uuid') or ''}".rstrip() for b in bad[:5]]
+    if drained_at is not None and t <= drained_at:
+        return Evidence(False, f"{node}'s newest result ({stamp}) is not newer than its drain", lines)
+    if now - t > max_age:
+        return Evidence(False, f"{node}'s newest result ({stamp}) is older than drain.resume_max_age_seconds "
+                               f"= {max_age:g}", lines)
+    if verdict not in ("OK", "WARN"):
+        return Evidence(False, f"{node}'s newest result is {verdict}", lines)
+    gpu_up = [_value(m) for m in _metrics(g, "slurm_triage_probe_up") if m.get("labels", {}).get("probe") == "gpu"]
+    if "GPU" in reason.upper() and gpu_up != [1.0]:
+        return Evidence(False, f"{node} was drained for a GPU reason and its GPU probe gave no answer", lines)
+    return Evidence(True, f"{node}'s own result is {verdict}", lines)
+
+
+def _gateway_groups(cfg: Config) -> List[Dict[str, Any]]:
+    import requests
+
+    url = cfg.get("triage", "pushgateway_url") or cfg.get("pushgateway", "url")
+    if not url:
+        raise OSError("no Pushgateway configured (pushgateway.url)")
+    with requests.Session() as session:
+        session.trust_env = False
+        try:
+            r = session.get(url.rstrip("/") + "/api/v1/metrics", timeout=cfg.get("pushgateway", "timeout_seconds"))
+            r.raise_for_status()
+            return r.json().get("data") or []
+        except (requests.RequestException, ValueError) as e:
+            raise OSError(f"{url}: {e}") from None
+
+
+def resume_node(cfg: Config, node: str, force: bool = False, here: str = "") -> bool:
+    """Resume ``node`` if its drain reason is ours and evidence *about it* no longer FAILs;
+    True when resumed. On ``node`` itself (``here``), its checks run now; anywhere else its
+    newest pushed check result decides (see judge_pushed). Slurm's "Prolog error" standing in
+    for a reason we could not set (slurmctld was away) gets our reason back first, so the
+    cause is judged, not lost."""
+    from . import drains
+    from .slurmctl import SlurmError, node_state, resume
+
+    try:
+        current = node_state(cfg, node)
+        if current.hook_error and drains.pending(cfg, node) is not None:
+            print(f"{node}: {drains.reapply(cfg, node)}")
+            current = node_state(cfg, node)
+        if not current.ours:
+            print(f"{node}: reason {current.reason!r} is not ours; leaving it", file=sys.stderr)
+            return False
+        if not force:
+            evidence = _judge_here(cfg, node, current.reason) if here == node else _judge_remote(cfg, node, current)
+            for line in evidence.lines:
+                print(line)
+            if not evidence.allowed:
+                print(f"{node}: {evidence.why}; not resuming. Run on {node}: slurm-triage check --push "
+                      f"(or let its HealthCheckProgram push), then rerun `slurm-triage node resume {node}` "
+                      "(--force to override)", file=sys.stderr)
+                return False
+        print(resume(cfg, node))
+        drains.clear(cfg)
+    except SlurmError as e:
+        print(f"slurm-triage: {e}", file=sys.stderr)
+        return False
+    return True
+
+
+def _judge_here(cfg: Config, node: str, reason: str) -> Evidence:
+    report = check_node(cfg)
+    lines = render_text(report).rstrip("\n").splitlines()
+    if report.verdict == Verdict.FAIL:
+        return Evidence(False, "checks still FAIL", lines)
+    if "GPU" in reason.upper() and (report.snapshot.get("gpu") is None or "gpu" in (report.snapshot.get("errors") or {})):
+        return Evidence(False, "drained for a GPU reason and the GPU probe gave no answer", lines)
+    return Evidence(True, f"checks {report.verdict.value} on {node}", lines)
+
+
+def _judge_remote(cfg: Config, node: str, current: Any) -> Evidence:
+    try:
+        groups = _gateway_groups(cfg)
+    except OSError as e:
+        return Evidence(False, f"cannot read {node}'s pushed results: {e}")
+    return judge_pushed(groups, node, current.reason_time, current.reason, time.time(),
+                        cfg.get("drain", "resume_max_age_seconds"))

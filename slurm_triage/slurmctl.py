@@ -8,12 +8,15 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import time
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from .config import Config
 
 TAG = "triage:"
+# What Slurm itself writes when our hook exits non-zero: the cause is ours to restore.
+HOOK_ERRORS = ("Prolog error", "Epilog error")
 _MAX_REASON = 200  # scontrol accepts more, but sinfo columns and humans do not
 
 
@@ -21,10 +24,17 @@ _MAX_REASON = 200  # scontrol accepts more, but sinfo columns and humans do not
 class NodeState:
     state: str
     reason: str
+    reason_time: Optional[float] = None
+    """When the reason was set (unix time, from its ``[user@time]`` stamp), None: unknown."""
 
     @property
     def ours(self) -> bool:
         return self.reason.startswith(TAG)
+
+    @property
+    def hook_error(self) -> bool:
+        """Slurm's own reason for a failed Prolog/Epilog: it replaced ours (slurmctld was away)."""
+        return self.reason in HOOK_ERRORS
 
 
 class SlurmError(Exception):
@@ -56,22 +66,37 @@ def parse_node(text: str) -> NodeState:
     """Parse ``scontrol show node -o`` output (Reason may hold spaces; it ends at `[user@time]`)."""
     state = re.search(r"\bState=(\S+)", text)
     reason = re.search(r"\bReason=(.*?)(?: \[[^\]]*\])?(?= \w+=|$)", text.strip())
-    return NodeState(state.group(1) if state else "", reason.group(1).strip() if reason else "")
+    stamp = re.search(r"\bReason=.*? \[[^@\]]*@(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)\]", text)
+    when = None
+    if stamp:
+        try:
+            when = time.mktime(time.strptime(stamp.group(1), "%Y-%m-%dT%H:%M:%S"))  # slurmctld's local time
+        except (ValueError, OverflowError):
+            when = None
+    return NodeState(state.group(1) if state else "", reason.group(1).strip() if reason else "", when)
 
 
-def node_state(cfg: Config, node: str) -> NodeState:
-    return parse_node(_scontrol(cfg, ["show", "node", "-o", node]))
+def node_state(cfg: Config, node: str, timeout: float = 5.0) -> NodeState:
+    return parse_node(_scontrol(cfg, ["show", "node", "-o", node], timeout))
 
 
-def drain(cfg: Config, node: str, reason: str) -> str:
-    """Drain ``node`` with a tagged reason unless a foreign reason is already set."""
-    current = node_state(cfg, node)
-    if current.reason and not current.ours:
+def tagged(reason: str) -> str:
+    return reason if reason.startswith(TAG) else (TAG + " " + reason)[:_MAX_REASON]
+
+
+def drain(cfg: Config, node: str, reason: str, timeout: float = 10.0) -> str:
+    """Drain ``node`` with a tagged reason unless a foreign reason is already set; Slurm's
+    own "Prolog error" (our hook's failure standing in for our reason) is replaced.
+    ``timeout`` bounds both scontrol calls together."""
+    t_end = time.monotonic() + timeout
+    current = node_state(cfg, node, timeout / 2)
+    if current.reason and not current.ours and not current.hook_error:
         return f"left foreign reason untouched: {current.reason!r}"
     if current.ours and "DRAIN" in current.state:
         return f"already drained: {current.reason}"  # the first evidence (Prolog's) stays
-    text = (TAG + " " + reason)[:_MAX_REASON]
-    _scontrol(cfg, ["update", f"nodename={node}", "state=drain", f"reason={text}"])
+    text = tagged(reason)
+    _scontrol(cfg, ["update", f"nodename={node}", "state=drain", f"reason={text}"],
+              max(0.1, t_end - time.monotonic()))
     return f"drained: {text}"
 
 

@@ -244,9 +244,32 @@ def scan_step(ctx: WatchContext, known: Dict[int, List[Any]], exclude: Set[int])
             rec = new[pid] = [start, member, gpus]
         seen.append(pid)
         if rec[1]:
-            procs.append({"pid": pid, "comm": data[data.find(b"(") + 1:r].decode(errors="replace"),
-                          "state": f[0].decode(), "threads": int(f[17])})
+            comm = data[data.find(b"(") + 1:r].decode(errors="replace")
+            threads = int(f[17])
+            procs.append({"pid": pid, "comm": comm, "state": f[0].decode(), "threads": threads,
+                          "thread_names": thread_names(pid, comm) if threads > 1 else {}})
     return {"procs": procs, "seen": seen, "new": new}
+
+
+MAX_THREADS_NAMED = 256
+
+
+def thread_names(pid: int, comm: str) -> Dict[str, int]:
+    """How many of the process's threads carry each name other than the process's own (bounded):
+    communicator, watchdog and pool threads name themselves, and a leak shows as one name piling up."""
+    names: Dict[str, int] = {}
+    try:
+        tids = os.listdir(f"{PROC}/{pid}/task")[:MAX_THREADS_NAMED]
+    except OSError:
+        return names
+    for tid in tids:
+        try:
+            name = _read_bytes(f"{PROC}/{pid}/task/{tid}/comm", 64).strip().decode(errors="replace")
+        except OSError:
+            continue
+        if name and name != comm:
+            names[name] = names.get(name, 0) + 1
+    return names
 
 
 def procs_running() -> Optional[int]:
@@ -383,6 +406,13 @@ def render(ctx: WatchContext, sample: Dict[str, Any], hang_on: bool, stragglers:
     if sample.get("procs_running") is not None:
         fams.append(G("slurm_triage_watch_procs_running", "Runnable tasks on the node (/proc/stat).",
                       value=sample["procs_running"]))
+    named = G("slurm_triage_watch_thread_names", "Threads of a step process carrying one name (top 8).",
+              labels=["pid", "comm", "thread"])
+    pairs = sorted(((n, p["pid"], p["comm"], name) for p in procs for name, n in (p.get("thread_names") or {}).items()),
+                   reverse=True)[:8]
+    for n, pid, comm, name in pairs:
+        named.add_metric([str(pid), comm, name], float(n))
+    fams.append(named)
     fams.append(G("slurm_triage_watch_thread_leak", "1 when the step's thread count grew all window.",
                   value=1.0 if leak else 0.0))
     fams.append(G("slurm_triage_hang_suspected", "1 when the step's GPUs look busy at idle power (hang).",

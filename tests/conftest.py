@@ -141,6 +141,30 @@ def cli(*args: str, env: Optional[Dict[str, str]] = None, timeout: float = 60,
                           capture_output=True, text=True, timeout=timeout, check=check)
 
 
+_LAB_FIXTURES = ("lab", "plugged")
+
+
+@pytest.fixture(autouse=True)
+def lab_turn(request):
+    """A test module that uses the lab holds it only while its tests run (module fixtures may keep
+    faults in place across them), so the pytest sessions of several developers, or CI's and a
+    developer's, interleave module by module instead of waiting for whole runs."""
+    import lab as labmod
+
+    if any(name in request.fixturenames for name in _LAB_FIXTURES) and labmod.find() is not None:
+        labmod.take_turn()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield  # the module's fixtures are finalized (and the lab reset) inside
+    if nextitem is None or nextitem.module is not item.module:
+        import lab as labmod
+
+        labmod.end_turn()
+
+
 @pytest.fixture
 def lab():
     """The running Slurm lab (else a skip saying how to start it), reset before and after."""

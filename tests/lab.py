@@ -18,20 +18,26 @@ from labctl import (DEFAULT_SCENARIO, ROOT, TERMINAL_JOB_STATES, TEST_USER, Lab,
 _LOCK: List[IO[str]] = []
 
 
-def _hold_lock() -> None:
-    """One pytest session at a time drives the lab (its jobs, drains and scenarios are shared):
-    the first lab test takes an exclusive lock on it and holds it until this session ends."""
+def take_turn() -> None:
+    """One test at a time drives the lab (its jobs, drains and scenarios are shared by every
+    pytest session on this machine): take the exclusive lock unless this test holds it already."""
     if not _LOCK:
         fh = open(lab_dir() / ".test-lock", "a")
         fcntl.flock(fh, fcntl.LOCK_EX)
         _LOCK.append(fh)
 
 
+def end_turn() -> None:
+    """Let the next test, of this or another pytest session, drive the lab (tests/conftest.py)."""
+    while _LOCK:
+        _LOCK.pop().close()
+
+
 def require() -> Lab:
-    """The running lab (held for this session), or pytest.skip saying how to start it."""
+    """The running lab (this test's turn on it taken), or pytest.skip saying how to start it."""
     lab = find()
     if lab is None:
         pytest.skip(f"Slurm lab not up ({lab_dir()}/env.sh missing or scontrol ping fails): "
                     "run `sudo make lab-up`")
-    _hold_lock()
+    take_turn()
     return lab

@@ -142,7 +142,7 @@ def test_partial_gpu_facts_never_raise_and_still_name_the_lost_gpu():
     cfg = config.Config(config.defaults())
     cfg.values["gpu"]["expected_count"] = 8
     checks = [s.fn for s in REGISTRY.values() if s.fn.__module__ == gpu_checks.__name__]
-    assert len(checks) == 7
+    assert len(checks) == 8
 
     def judged(gpu):
         return [(f.id, f.verdict, f.gpu, f.summary) for fn in checks for f in fn({"time": 1.0, "gpu": gpu}, cfg)]
@@ -153,3 +153,16 @@ def test_partial_gpu_facts_never_raise_and_still_name_the_lost_gpu():
     assert unindexed[:3] == ("gpu.lost", Verdict.FAIL, "GPU-y") and unindexed[3].startswith("GPU (GPU-y) is lost")
     assert [x[:2] for x in judged({"count": 7})] == [("gpu.count", Verdict.FAIL)]
     assert judged({}) == [] and judged({"gpus": [{}]}) == [] and judged({"gpus": None}) == []
+
+
+def test_recovery_action_from_nvml_fails_only_for_node_level_actions():
+    from slurm_triage.checks.gpu import gpu_recovery_action
+
+    gpus = [{"index": i, "uuid": f"GPU-{i}", "pci_bus_id": f"0000:{i:02x}:00.0", "recovery_action": a}
+            for i, a in enumerate((None, 0, 1, 2, 5, 42))]
+    out = {f.gpu: f for f in gpu_recovery_action({"gpu": {"gpus": gpus}, "time": 1.0}, None)}
+    assert set(out) == {"GPU-2", "GPU-3", "GPU-4", "GPU-5"}
+    assert out["GPU-2"].verdict.value == "FAIL" and out["GPU-2"].hardware and "GPU reset" in out["GPU-2"].summary
+    assert out["GPU-3"].hardware and "node reboot" in out["GPU-3"].summary
+    assert not out["GPU-4"].hardware and out["GPU-4"].verdict.value == "WARN"  # IMEX domain: not this node
+    assert not out["GPU-5"].hardware and "unknown" in out["GPU-5"].summary

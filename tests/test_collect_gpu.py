@@ -99,3 +99,17 @@ def test_clock_event_bits_match_pynvml():
     assert decode_clock_events(0x48) == ["hw_slowdown", "hw_thermal_slowdown"]
     # nebius npd check_gpu_throttle.sh used 0x4 for HW thermal: that bit is the SW power cap
     assert decode_clock_events(0x4) == ["sw_power_cap"]
+
+
+def test_recovery_action_field_is_read_and_unsupported_is_named(gpu_snapshot, tmp_path):
+    """NVML_FI_DEV_GET_GPU_RECOVERY_ACTION through nvmlDeviceGetFieldValues (issue 13): the
+    value where the driver answers it, "unsupported" (not an error) where it does not."""
+    scn = json.loads((SCENARIOS / "h100x8-idle.json").read_text())
+    scn["gpus"][2]["recovery_action"] = 2
+    scn["gpus"][3]["recovery_action"] = -1  # an older driver: the field is not supported
+    path = tmp_path / "recovery.json"
+    path.write_text(json.dumps(scn))
+    snap, _ = gpu_snapshot(path)
+    gpus = snap["gpu"]["gpus"]
+    assert [g["recovery_action"] for g in gpus] == [0, 0, 2, None, 0, 0, 0, 0]
+    assert "recovery_action" in gpus[3]["unsupported"] and gpus[3]["errors"] == {}

@@ -195,3 +195,42 @@ def test_fleet_every_process_listed_with_job_and_port() -> None:
     assert set(rows) == set(fleet.pids)
     assert all(r["job_id"] == DEAD_JOB and len(r["listen"]) == 1 and r["unix_sockets"] == 2
                for r in rows.values())
+
+
+# --- hostile input: a user's process titled like slurmstepd (issue 13, break 3) ----------------
+
+FAKE_STEPD = ("import ctypes, sys; ctypes.CDLL(None).prctl(15, b'slurmstepd', 0, 0, 0)\n"  # PR_SET_NAME
+              "sys.stdout.write('ready\\n'); sys.stdout.flush(); sys.stdin.read()")
+
+
+def _fake_stepd(job: str, uid: int) -> subprocess.Popen:
+    """comm "slurmstepd" and the title "slurmstepd: [JOB.0]", as any user can set them."""
+    def drop() -> None:
+        if uid != os.getuid():
+            os.setgid(uid)
+            os.setuid(uid)
+
+    p = subprocess.Popen([f"slurmstepd: [{job}.0]", "-I", "-c", FAKE_STEPD], executable=sys.executable,
+                         env={"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": job}, preexec_fn=drop,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline() == "ready\n"
+    return p
+
+
+@pytest.mark.parametrize("as_user", [False, True])
+def test_process_titled_slurmstepd_is_not_a_step_and_hides_nothing(as_user: bool) -> None:
+    if as_user and os.geteuid() != 0:
+        pytest.skip("needs root to run the fake step as another user")
+    uid = 4242 if as_user else os.getuid()  # root: the executable gives it away; a user: the uid
+    fake = _fake_stepd(DEAD_JOB, uid)
+    try:
+        with JobProcess(DEAD_JOB, node="thisnode") as rank:
+            assert Path(f"/proc/{fake.pid}/comm").read_text().strip() == "slurmstepd"
+            facts = procs.collect(make_cfg(ipc_dirs=[]))
+            assert DEAD_JOB not in facts["running_jobs"]
+            if as_user:  # listed, as the leftover it is (a root process without sockets is not a candidate)
+                assert by_pid(facts, fake.pid)["job_id"] == DEAD_JOB
+            assert by_pid(facts, rank.pid)["job_id"] == DEAD_JOB
+    finally:
+        fake.kill()
+        fake.wait(10)

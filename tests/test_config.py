@@ -47,6 +47,14 @@ def test_node_placeholder_is_expanded(monkeypatch, write_config):
     ("[kernel]\nsource = \"journal\"\n", "kernel.source", 2, "must be one of"),
     ("[gpu]\nenabled = 1\n", "gpu.enabled", 2, "expected bool"),
     ("[gpu]\nexpected_count = true\n", "gpu.expected_count", 2, "expected int"),
+    # break 7: a deadline of inf or 1e300 was accepted, and the hook never ended
+    ("[hooks]\nprolog_deadline_seconds = inf\n", "hooks.prolog_deadline_seconds", 2, "finite number"),
+    ("[hooks]\nprolog_deadline_seconds = 1e300\n", "hooks.prolog_deadline_seconds", 2, "finite number"),
+    ("[hooks]\nepilog_deadline_seconds = 301\n", "hooks.epilog_deadline_seconds", 2, "<= 300"),
+    ("[pushgateway]\ntimeout_seconds = nan\n", "pushgateway.timeout_seconds", 2, "finite number"),
+    ("[pushgateway]\nretries = 1000\n", "pushgateway.retries", 2, "<= 5"),
+    ("[watcher]\nthread_growth_threshold = 10000000000\n", "watcher.thread_growth_threshold", 2, "finite number"),
+    ("[drain]\nmax_fraction = 1.5\n", "drain.max_fraction", 2, "<= 1"),
 ])
 def test_bad_values_name_file_key_and_line(text, key, line, words):
     with pytest.raises(ConfigError) as e:

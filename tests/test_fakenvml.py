@@ -174,3 +174,34 @@ def test_energy_is_a_counter_that_grows_with_power(fakenvml_lib):
     out = json.loads(r.stdout)
     assert out["e1"] > out["e0"]
     assert abs((out["e1"] - out["e0"]) - out["power"] * out["seconds"]) <= out["power"] * 0.05
+
+
+READ_ENERGY = r"""
+import ctypes, json, sys
+ctypes.CDLL(sys.argv[1])
+import pynvml
+pynvml.nvmlInit()
+h = pynvml.nvmlDeviceGetHandleByIndex(0)
+print(json.dumps([pynvml.nvmlDeviceGetTotalEnergyConsumption(h), pynvml.nvmlDeviceGetPowerUsage(h)]))
+"""
+
+
+def test_energy_never_falls_when_the_scenario_switches(fakenvml_lib, tmp_path):
+    """Issue 13, break 16: busy (652 W) then idle (69 W) on the same GPU UUID, read by separate
+    processes (a Prolog, then an Epilog): the counter keeps integrating, it never drops."""
+    state = tmp_path / "energy.state"
+
+    def read(scenario: str):
+        env = {"PATH": "/usr/bin:/bin", "FAKENVML_SCENARIO": str(SCENARIOS / scenario),
+               "FAKENVML_ENERGY_STATE": str(state)}
+        r = subprocess.run([sys.executable, "-c", READ_ENERGY, str(fakenvml_lib)], env=env, capture_output=True,
+                           text=True, timeout=30, check=True)
+        return json.loads(r.stdout)
+
+    e_busy, _ = read("h100x8-busy.json")
+    e_idle, p_idle = read("h100x8-idle.json")
+    assert e_idle >= e_busy, f"energy fell from {e_busy} to {e_idle} mJ on a scenario switch"
+    e_back, _ = read("h100x8-busy.json")
+    assert e_back >= e_idle
+    assert e_idle - e_busy < 652_000 * 30  # integrated over the seconds between reads, not since boot
+    assert "GPU-4893667d-2f62-f00c-9a99-8376e18479cf" in state.read_text()

@@ -92,14 +92,25 @@ def test_xid79_node_is_drained_with_our_reason_and_the_srun_job_cancelled(lab):
     assert "DRAIN" in info["State"]
     reason = info["Reason"]
     assert reason.startswith("triage: ") and GPU3 in reason and "Xid 79" in reason, reason
-    # our resume refuses while the GPU is still lost, then resumes once the checks pass
+    # our resume (run here, not on node2) refuses on node2's own pushed FAIL, then resumes
+    # once a fresh check pushed from node2 passes
     cli = [str(labmod.ROOT / ".venv/bin/slurm-triage"), "node", "resume", "node2"]
     env = {"SLURM_TRIAGE_CONFIG": str(lab.triage_config)}
-    assert lab.run(*cli, user=None, extra_env=env).returncode == 1
+    push_check(lab, "node2")
+    r = lab.run(*cli, user=None, extra_env=env)
+    assert r.returncode == 1 and "FAIL" in r.stderr, r.stdout + r.stderr
     lab.set_scenario("node2", labmod.DEFAULT_SCENARIO)
+    push_check(lab, "node2")
     r = lab.run(*cli, user=None, extra_env=env)
     assert r.returncode == 0, r.stderr
     lab.wait_node("node2", lambda s: "DRAIN" not in s)
+
+
+def push_check(lab: labmod.Lab, node: str) -> None:
+    """`slurm-triage check --push` as it runs on NODE (its Slurm name names its paths)."""
+    r = lab.run(str(labmod.ROOT / ".venv/bin/slurm-triage"), "check", "--push", user=None,
+                extra_env={"SLURM_TRIAGE_CONFIG": str(lab.triage_config), "SLURMD_NODENAME": node})
+    assert r.returncode in (0, 1) and "push: delivered" in r.stdout, r.stdout + r.stderr
 
 
 def test_xid79_batch_job_is_requeued_held(lab):

@@ -6,7 +6,8 @@ import os
 import pytest
 
 from slurm_triage.hooks.env import EnvError, from_environ
-from slurm_triage.hooks.epilog import gpu_diff, remove_ipc_files
+from slurm_triage.hooks.cleanup import remove_ipc_files
+from slurm_triage.hooks.epilog import gpu_diff
 from slurm_triage.hooks.common import drain_reason
 from slurm_triage.hooks.prolog import job_gpu_uuids
 from slurm_triage.model import Finding, Verdict
@@ -95,9 +96,36 @@ def test_remove_ipc_files_never_follows_links_or_touches_other_owners(tmp_path):
     (shm / "nccl-abc").write_text("x")
     (shm / "nccl-link").symlink_to(victim)
     entries = [{"dir": str(shm), "name": n} for n in ("nccl-abc", "nccl-link", "../victim")]
-    removed = remove_ipc_files(entries, uid)
-    assert removed == [str(shm / "nccl-abc")]
+    removed, errors = remove_ipc_files(entries, uid)
+    assert removed == [str(shm / "nccl-abc")] and errors == []
     assert victim.read_text() == "keep me" and (shm / "nccl-link").is_symlink()
     (shm / "nccl-other").write_text("y")
-    assert remove_ipc_files([{"dir": str(shm), "name": "nccl-other"}], uid + 1) == []
+    assert remove_ipc_files([{"dir": str(shm), "name": "nccl-other"}], uid + 1) == ([], [])
     assert (shm / "nccl-other").exists()
+
+
+def test_pushed_result_judgement_for_a_remote_resume():
+    """Issue 11: a resume decided elsewhere needs the node's own fresh result after the drain,
+    and a GPU drain is not undone by a result whose GPU probe did not answer."""
+    from slurm_triage.node import judge_pushed
+
+    def group(t: float, verdict: str = "OK", gpu_up: float = 1.0, node: str = "node2"):
+        return {"labels": {"job": "slurm_triage", "instance": node},
+                "slurm_triage_check_timestamp_seconds": {"metrics": [{"labels": {}, "value": str(t)}]},
+                "slurm_triage_node_verdict": {"metrics": [{"labels": {"verdict": v}, "value": "1" if v == verdict
+                                                           else "0"} for v in ("OK", "WARN", "FAIL", "UNKNOWN")]},
+                "slurm_triage_probe_up": {"metrics": [{"labels": {"probe": "gpu"}, "value": str(gpu_up)}]}}
+
+    gpu_reason = "triage: GPU-0dbc Xid 79: GPU has fallen off the bus"
+    assert judge_pushed([group(1000.0)], "node2", 900.0, gpu_reason, 1100.0, 900.0).allowed
+    assert not judge_pushed([], "node2", 900.0, gpu_reason, 1100.0, 900.0).allowed
+    assert not judge_pushed([group(1000.0, node="node3")], "node2", 900.0, gpu_reason, 1100.0, 900.0).allowed
+    assert "not newer" in judge_pushed([group(800.0)], "node2", 900.0, gpu_reason, 1100.0, 900.0).why
+    assert "older than" in judge_pushed([group(1000.0)], "node2", 900.0, gpu_reason, 5000.0, 900.0).why
+    assert "FAIL" in judge_pushed([group(1000.0, "FAIL")], "node2", 900.0, gpu_reason, 1100.0, 900.0).why
+    no_gpu = judge_pushed([group(1000.0, "UNKNOWN", gpu_up=0.0)], "node2", 900.0, gpu_reason, 1100.0, 900.0)
+    assert not no_gpu.allowed
+    assert "GPU probe" in judge_pushed([group(1000.0, "WARN", gpu_up=0.0)], "node2", 900.0, gpu_reason,
+                                       1100.0, 900.0).why
+    # the newest of several results decides
+    assert not judge_pushed([group(1000.0), group(1050.0, "FAIL")], "node2", 900.0, gpu_reason, 1100.0, 900.0).allowed

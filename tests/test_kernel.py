@@ -230,3 +230,104 @@ def test_no_findings_on_a_clean_log():
     assert k["events"] == [] and k["last_seq"] == 340
     for fn in (xid_checks.xid, xid_checks.fallen_off_bus, xid_checks.aer):
         assert fn(facts(k), cfg()) == []
+
+
+# --- hostile input: only the driver's own records count (issue 13, break 1) ------------------
+
+# A crashing binary named like an Xid line: arch/x86/mm/fault.c prints
+# "<comm>[<pid>]: segfault at <addr> ip <ip> sp <sp> error <n> in <file basename>[<base>+<size>]".
+FORGED_NAME = "NVRM: Xid (PCI:0000:18:00): 79, pid=1, GPU has fallen off the bus."
+SEGV = (f"evil[4242]: segfault at 0 ip 0000563c1e0a1129 sp 00007ffd2a3c8d10 error 6 in {FORGED_NAME}"
+        "[563c1e0a1000+1000] likely on CPU 1 (core 1, socket 0)")
+
+
+def test_segfault_report_quoting_an_xid_file_name_is_not_an_xid(tmp_path: Path):
+    real = "NVRM: Xid (PCI:0000:19:00): 79, pid=1173, GPU has fallen off the bus."
+    formats = {
+        "kmsg": [f"6,900,1843300000,-;{SEGV}", f"4,901,1843308200,-;{real}"],
+        "dmesg": [f"[ 1843.300000] {SEGV}", f"[ 1843.308200] {real}"],
+        "syslog": [f"Dec  1 10:00:00 n1 kernel: [ 1843.300000] {SEGV}",
+                   f"Dec  1 10:00:01 n1 kernel: [ 1843.308200] {real}"],
+        "caller": [f"[ 1843.300000] [ T4242] {SEGV}", f"[ 1843.308200] [  T311] {real}"],
+    }
+    for fmt, lines in formats.items():
+        path = tmp_path / f"{fmt}.log"
+        path.write_text("\n".join(lines) + "\n")
+        k = kernel.collect(cfg(source="file", path=str(path)))
+        assert [(e["xid"], e["pci_bus_id"]) for e in k["events"]] == [(79, "0000:19:00.0")], fmt
+    # a 15-byte task name (TASK_COMM_LEN - 1) cannot hold the pattern at the start of a line either
+    k = parse_kmsg_lines(["6,1,1,-;NVRM: Xid (PCI[4242]: segfault at 0 ip 0 sp 0 error 6 in x[1+1]"])
+    assert k == []
+
+
+def parse_kmsg_lines(lines: List[str]) -> List[Dict[str, Any]]:
+    events, _ = kernel.parse_records(kernel.records_from_lines(enumerate((l.encode() for l in lines), 1)))
+    return events
+
+
+def test_file_name_with_a_newline_cannot_forge_a_second_line():
+    # devkmsg_read escapes every control character of a record, the newline as \x0a
+    forged = "evil[4242]: segfault at 0 ip 0 sp 0 error 6 in x\\x0a" + FORGED_NAME + "[1+1]"
+    assert parse_kmsg_lines([f"6,900,1843300000,-;{forged}"]) == []
+    # dmesg prints the rest of a multi-line record indented under it
+    events, _ = kernel.parse_records(kernel.records_from_lines(enumerate(
+        [f"[ 5.0] {SEGV[:60]}".encode(), f"        {FORGED_NAME}".encode()], 1)))
+    assert events == []
+    # while the driver's own multi-line record still counts (recorded, SOURCES.md)
+    assert [e["kind"] for e in from_file("fallen_off_no_xid.dmesg.log")["events"]] == ["fallen_off_bus"]
+
+
+def test_user_space_write_to_kmsg_is_not_the_driver():
+    # prio = facility * 8 + level: 12 is user.warning (what `echo ... > /dev/kmsg` gets by default)
+    line = "NVRM: Xid (PCI:0000:18:00): 79, pid=1173, GPU has fallen off the bus."
+    assert parse_kmsg_lines([f"12,77,1843300000,-;{line}"]) == []
+    assert [e["xid"] for e in parse_kmsg_lines([f"4,78,1843300000,-;{line}"])] == [79]
+
+
+# --- Xid semantics: consequences never drain, are attributed to their cause (issue 13) -------
+
+# Lines in the recorded shapes of SOURCES.md (xid45_after_nvlink.journal.log, aer_fatal_xid79.dmesg.log)
+BUSES = [f"0000:{b:02x}:00" for b in (0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb)]
+
+
+def storm_lines(cause: Optional[int] = None) -> List[str]:
+    """An Xid 45 burst on all 8 GPUs, as one crashing job leaves it (optionally naming a cause)."""
+    tail = f" caused by previous Xid {cause}" if cause else ""
+    return [f"[ 100.{i:06d}] NVRM: Xid (PCI:{bus}): 45, pid=1818990, name=python3, Ch 0000000{k}{tail}"
+            for i, (bus, k) in enumerate((b, k) for b in BUSES for k in range(1, 4))]
+
+
+def storm_facts(tmp_path: Path, lines: List[str]) -> Dict[str, Any]:
+    p = tmp_path / "kern.log"
+    p.write_text("\n".join(lines) + "\n")
+    return facts(kernel.collect(cfg(source="file", path=str(p))))
+
+
+def test_xid45_storm_on_every_gpu_drains_nothing(tmp_path: Path):
+    out = xid_checks.xid(storm_facts(tmp_path, storm_lines()), cfg())
+    assert len(out) == 8 and all(f.verdict is Verdict.WARN and not f.hardware for f in out)
+    out = xid_checks.xid(storm_facts(tmp_path, storm_lines(cause=79)), cfg())  # cause named, not logged here
+    assert all(not f.hardware and f.evidence["caused_by_xid"] == 79 and "not in this log window" in f.summary
+               for f in out)
+
+
+def test_storm_caused_by_one_xid79_is_attributed_to_that_gpu(tmp_path: Path):
+    x79 = "[ 99.000000] NVRM: Xid (PCI:0000:5d:00): 79, pid=1173, GPU has fallen off the bus."
+    out = xid_checks.xid(storm_facts(tmp_path, [x79] + storm_lines(cause=79)), cfg())
+    (f,) = out  # the 45s of the other seven GPUs are the 79's consequences, not findings of their own
+    assert f.verdict is Verdict.FAIL and f.hardware and f.evidence["pci_bus_id"] == "0000:5d:00.0"
+    assert sum(c["count"] for c in f.evidence["consequences"]) == 24
+    assert "caused 21 Xid(s) on 7 other GPU(s)" in f.summary
+    # without the named cause, the other GPUs' 45s stay WARN of their own; the node still fails once
+    out = xid_checks.xid(storm_facts(tmp_path, [x79] + storm_lines()), cfg())
+    assert [f.evidence["xid"] for f in out if f.hardware] == [79] and len(out) == 8
+
+
+def test_application_xids_that_recur_say_so_and_never_drain(tmp_path: Path):
+    lines = [f"[ {1000 + i}.000000] NVRM: Xid (PCI:0000:41:00): 31, pid=7, name=python3, Ch 00000010, "
+             "intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f29_5b8c9000" for i in range(25)]
+    (f,) = xid_checks.xid(storm_facts(tmp_path, lines), cfg())
+    assert f.verdict is Verdict.WARN and not f.hardware and f.evidence["recurring"]["count"] == 25
+    spread = [l.replace(f"[ {1000 + i}.", f"[ {1000 + i * 400}.") for i, l in enumerate(lines)]
+    (f,) = xid_checks.xid(storm_facts(tmp_path, spread), cfg())  # 25 over 2.7 h: at most 10 in any hour
+    assert "recurring" not in f.evidence

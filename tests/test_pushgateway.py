@@ -329,3 +329,165 @@ def test_a_down_gateway_never_makes_an_entry_poison(tmp_path):
     for _ in range(spool.POISON_ATTEMPTS + 2):
         assert sp.flush(down, 0.3, 0).pending == 1
     assert len(sp.entries()) == 1
+
+
+class _Sick:
+    """A gateway that answers /-/ready but answers every push or delete with ``status``
+    (a full disk or a broken persistence file behind a live Pushgateway)."""
+
+    def __init__(self, status: int = 500):
+        import http.server
+        import threading
+
+        seen: List[str] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                seen.append(f"{self.command} {self.path}")
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                code = 200 if self.command == "GET" else status
+                self.send_response(code)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_GET = do_PUT = do_DELETE = _answer
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.seen = seen
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _garbage_server():
+    """Accepts, reads the request, answers bytes that are not HTTP, closes."""
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+
+    def serve() -> None:
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            with c:
+                c.settimeout(1)
+                try:
+                    c.recv(65536)
+                    c.sendall(b"\x00\xffnot http at all\r\n\r\n")
+                except OSError:
+                    pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv, f"http://127.0.0.1:{srv.getsockname()[1]}"
+
+
+def test_5xx_answers_never_make_an_entry_poison(tmp_path):
+    """Break 8: /-/ready answered 200 while pushes got 500, and 4 results were dropped as
+    poison within ~2 jobs. Only a 4xx proves the entry itself is bad."""
+    gw = _Sick(500)
+    try:
+        (tmp_path / "spool").mkdir()
+        sp = spool.Spool(str(tmp_path / "spool"), 100)
+        sp.append("PUT", grouping_key("n", "1"), body(1))
+        for _ in range(spool.POISON_ATTEMPTS * 2):
+            res = sp.flush(gw.url, 0.5, 0)
+            assert res.pending == 1 and res.dropped == 0 and "HTTP 500" in res.error
+        assert len(sp.entries()) == 1 and sp.dropped_total() == 0
+    finally:
+        gw.close()
+
+
+def test_garbage_answers_keep_the_entries(tmp_path):
+    srv, url = _garbage_server()
+    try:
+        cfg = make_cfg(tmp_path, url, timeout=0.5, retries=0)
+        for i in range(spool.POISON_ATTEMPTS + 2):
+            res = spool.deliver(cfg, grouping_key("n", str(i)), body(i))
+            assert not res.delivered and res.dropped == 0, res
+        assert spool.stats(cfg) == {"spooled_pushes": spool.POISON_ATTEMPTS + 2, "spool_dropped": 0}
+    finally:
+        srv.close()
+
+
+def _handled(pg, handler: str, method: str) -> float:
+    text = requests.get(pg.url + "/metrics", timeout=5).text
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == "pushgateway_http_requests_total" and s.labels.get("handler") == handler \
+                    and s.labels.get("method") == method:
+                return s.value
+    return 0.0
+
+
+def test_a_hung_gateway_gets_each_request_at_most_once_within_the_budget(pgw, tmp_path):
+    """Break 8: under SIGSTOP the same DELETEs were delivered 12 times (each flush resent the
+    head entry; the stopped gateway queued every copy). Break 7: the Epilog's pushes took 20 s."""
+    import os
+    import signal
+
+    cfg = make_cfg(tmp_path, pgw.url, timeout=1.0, retries=1)
+    before = _handled(pgw, "delete", "delete")
+    os.kill(pgw.proc.pid, signal.SIGSTOP)
+    times = []
+    try:
+        for i in range(12):
+            t0 = time.monotonic()
+            res = spool.deliver_all(cfg, [spool.Op(grouping_key("n", "7"))], budget=1.5)  # 12 Epilogs
+            times.append(time.monotonic() - t0)
+            assert not res.delivered and res.spooled == 1
+    finally:
+        os.kill(pgw.proc.pid, signal.SIGCONT)
+    print("deliver_all() against a stopped gateway, seconds:", [round(t, 2) for t in times])
+    assert max(times) < 1.5 + 0.3
+    res = spool.deliver(cfg, grouping_key("n", "99"), body(1))
+    assert res.delivered and res.pending == 0
+    time.sleep(0.5)
+    # the first DELETE was queued by the stopped gateway and replayed once after it woke
+    assert 1 <= _handled(pgw, "delete", "delete") - before <= 2
+
+
+def test_results_spooled_in_an_outage_each_reach_the_gateway_and_expire_later(pgw, tmp_path):
+    """Break 8: the spool superseded older last_job summaries, so after an outage only the
+    newest job per node arrived. Results now have a group per job and a lifetime."""
+    cfg = make_cfg(tmp_path, pgw.url, timeout=0.5, retries=0)
+    pgw.stop()
+    for job in ("11", "12", "13", "14"):
+        key = {"instance": "n", "slurm_job_id": job, "phase": "last_job"}
+        ops = [spool.Op(key, body(int(job)), keep_seconds=1.0),
+               spool.Op({"instance": "n", "slurm_job_id": job, "phase": "prolog"})]
+        assert spool.deliver_all(cfg, ops).spooled == 2
+    pgw.start()
+    res = spool.deliver_all(cfg, [spool.Op({"instance": "n", "slurm_job_id": "15", "phase": "last_job"}, body(15),
+                                           keep_seconds=1.0)])
+    assert res.delivered and res.pending == 0
+    jobs = sorted(g["labels"]["slurm_job_id"] for g in pgw.groups() if g["labels"].get("phase") == "last_job")
+    assert jobs == ["11", "12", "13", "14", "15"]
+    time.sleep(1.2)
+    res = spool.deliver_all(cfg, [spool.Op({"instance": "n", "slurm_job_id": "16", "phase": "last_job"}, body(16),
+                                           keep_seconds=60.0)])
+    assert res.delivered and res.sent == 6  # its own PUT, then the five expired groups' DELETEs
+    assert [g["labels"]["slurm_job_id"] for g in pgw.groups()] == ["16"]
+
+
+def test_spool_bound_by_bytes_drops_oldest_and_counts(tmp_path):
+    (tmp_path / "spool").mkdir()
+    one = len(json.dumps({"x": 1}))  # noqa: F841 - sizes below are the real entry files'
+    sp = spool.Spool(str(tmp_path / "spool"), 1000, max_bytes=3000)
+    for i in range(10):
+        sp.append("PUT", grouping_key("n", str(i)), b"x" * 600)
+    sizes = [sp._size(n) for n in sp.entries()]
+    assert sum(sizes) <= 3000 and len(sizes) < 10
+    assert sp.dropped_total() == 10 - len(sizes)
+    assert sp._load(sp.entries()[-1])["grouping"]["slurm_job_id"] == "9"

@@ -1,60 +1,72 @@
-"""Root-cause accuracy on recorded real log excerpts (tests/corpus/<case>/log.txt + meta.json)."""
+"""Root-cause accuracy on the corpus of real failure reports (tests/corpus/<case>/log.txt + meta.json).
+
+Rules are tuned on the ``dev`` split only (bench/corpus.py assigns it by a hash of the source
+URL), so these tests hold dev figures to floors and check the corpus and the catalog stay
+honest; ``validation`` is measured by bench/bench_corpus.py and reported in aggregate, never
+asserted case by case here.
+"""
 from __future__ import annotations
 
-import json
-from collections import defaultdict
+import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Any, Dict, List
 
 import pytest
 
-from slurm_triage.triage import triage_logs
-from slurm_triage.triage.model import CATEGORIES
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import bench_corpus  # noqa: E402
+import corpus  # noqa: E402
 
-CORPUS = Path(__file__).resolve().parent / "corpus"
-CASES = sorted(p.name for p in CORPUS.iterdir() if (p / "meta.json").exists())
+from slurm_triage.triage import catalog  # noqa: E402
+from slurm_triage.triage.model import CATEGORIES  # noqa: E402
 
-
-def _judge(case: str) -> Dict[str, object]:
-    meta = json.loads((CORPUS / case / "meta.json").read_text())
-    result = triage_logs([str(CORPUS / case / "log.txt")])
-    root = result.findings[0] if result.findings else None
-    return {"meta": meta, "root": root}
-
-
-def test_corpus_is_broad() -> None:
-    cats = {json.loads((CORPUS / c / "meta.json").read_text())["category"] for c in CASES}
-    assert len(CASES) >= 12 and len(cats) >= 6
-    for c in CASES:
-        meta = json.loads((CORPUS / c / "meta.json").read_text())
-        assert meta["source"].startswith("https://github.com/") and meta["category"] in CATEGORIES
+# Floors some points under the dev figures measured when the catalog was written (bench_corpus
+# --split dev on 158 cases: established 87 %, established+likely 85 %, 4 % with nothing at all),
+# leaving room for the dev cases still arriving: a change that loses several dev cases fails
+# here. The goals on validation are higher; they are measured and reported, never tested here.
+MIN_ESTABLISHED = 0.78
+MIN_ESTABLISHED_LIKELY = 0.75
+MAX_NOTHING_AT_ALL = 0.10
 
 
-def test_accuracy_per_category() -> None:
-    per: Dict[str, List[bool]] = defaultdict(list)
-    wrong = []
-    for case in CASES:
-        j = _judge(case)
-        cat = j["meta"]["category"]
-        ok = j["root"] is not None and j["root"].category == cat
-        per[cat].append(ok)
-        if not ok:
-            wrong.append((case, cat, j["root"] and j["root"].category))
-    for cat in sorted(per):
-        print(f"corpus accuracy {cat:<16} {sum(per[cat])}/{len(per[cat])}")
-    total = sum(sum(v) for v in per.values())
-    print(f"corpus accuracy {'ALL':<16} {total}/{len(CASES)}")
+@pytest.fixture(scope="module")
+def dev() -> List[Dict[str, Any]]:
+    return [bench_corpus.judge(c) for c in corpus.cases(split="dev")]
+
+
+def test_corpus_is_well_formed() -> None:
+    cases = list(corpus.cases())
+    assert len(cases) >= 21
+    for c in cases:
+        assert c["source"].startswith("https://"), c["name"]
+        assert c["category"] in CATEGORIES, c["name"]
+        assert c.get("confidence", "unresolved") in corpus.CONFIDENCES, c["name"]
+
+
+def test_dev_accuracy_floors(dev: List[Dict[str, Any]]) -> None:
+    f = bench_corpus.figures(dev)
+    print(f"dev: established {f['established']}, established+likely {f['established+likely']}, "
+          f"no finding {f['no_finding']}, confident-wrong {f['confident_wrong']}")
+    assert f["established"]["right"] >= MIN_ESTABLISHED * f["established"]["cases"]
+    assert f["established+likely"]["right"] >= MIN_ESTABLISHED_LIKELY * f["established+likely"]["cases"]
+    assert f["no_finding"]["nothing_at_all"] <= MAX_NOTHING_AT_ALL * f["cases"]
+
+
+def test_no_confident_wrong_answer_on_unresolved_dev_cases(dev: List[Dict[str, Any]]) -> None:
+    wrong = [(j["name"], j["got_id"], j["got_confidence"]) for j in dev
+             if j["confidence"] == "unresolved" and j["confident_wrong"]]
     assert not wrong, wrong
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_case_root_cause(case: str) -> None:
-    j = _judge(case)
-    meta, root = j["meta"], j["root"]
-    assert root is not None, f"{case}: nothing found"
-    assert root.category == meta["category"]
-    assert root.caused_by is None
-    for key in ("rank", "node", "gpu"):
-        if key in meta:
-            assert getattr(root, key) == meta[key], (case, key)
-    assert root.evidence["lines"] and all(":" in ln for ln in root.evidence["lines"])
+def test_catalog_examples_never_come_from_validation_cases() -> None:
+    """No catalog entry cites the thread of a validation case: rules and their example lines are
+    never taken from a case that measures them. (Only the entry ids are printed, never the cases.)"""
+    validation = {corpus.normalize_url(c["source"]) for c in corpus.cases(split="validation")}
+    leaked = sorted({f"{e.file}:{e.id}" for e in catalog.entries() for url in e.sources
+                     if corpus.normalize_url(url) in validation})
+    assert not leaked, f"catalog entries cite validation cases: {leaked}"
+
+
+def test_bench_refuses_validation_misses(capsys) -> None:
+    assert bench_corpus.main(["--split", "validation", "--misses"]) == 2
+    assert "aggregate only" in capsys.readouterr().err

@@ -93,3 +93,53 @@ def test_grep_pattern_matches_the_same_lines(tmp_path: Path) -> None:
                          env={**os.environ, "LC_ALL": "C"})
     _, st = scan(str(p))
     assert int(out.stdout) == st.candidate_lines == 3
+
+
+def test_relative_paths_and_directories(tmp_path: Path, monkeypatch) -> None:
+    """``--log slurm-1.out`` from the log's directory, and a directory standing for its logs."""
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "slurm-1.out").write_bytes(STEP + b"\n" + CANCEL + b"\n")
+    (d / "slurm-1.err").write_bytes(WATCHDOG + b"\n")
+    (d / "notes.txt").write_bytes(CANCEL + b"\n")  # not a log suffix: not read
+    (d / "sub.log").mkdir()  # a directory with a log suffix: not a file
+    monkeypatch.chdir(d)
+    events, sources = scan_many(logs.expand_paths(["slurm-1.out"]))
+    assert sources[str(d / "slurm-1.out")]["read"] is True and [e.kind for e in events] == ["slurm_cancel"]
+    monkeypatch.chdir(tmp_path)
+    paths = logs.expand_paths(["run"])
+    assert paths == [str(d / "slurm-1.err"), str(d / "slurm-1.out")]
+    events, sources = scan_many(paths)
+    assert sorted(e.kind for e in events) == ["slurm_cancel", "watchdog_timeout"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert scan_many(logs.expand_paths(["empty"]))[1][str(empty)] == {
+        "read": False, "error": "a directory without *.out, *.err, *.log or *.gz files"}
+
+
+def test_error_lines_first_traceback_exception_and_first_error(tmp_path: Path) -> None:
+    p = tmp_path / "job.err"
+    p.write_text("\n".join([
+        "step 1 loss 2.0 (error_rate 0.1)",
+        "[rank3]: Traceback (most recent call last):",
+        '[rank3]:   File "train.py", line 9, in <module>',
+        "[rank3]:     except KeyError:",
+        "[rank3]: ValueError: shapes (3,) and (4,) not aligned",
+        "Traceback (most recent call last):",
+        "RuntimeError: a later, second traceback",
+        "srun: error: n1: task 3: Exited with exit code 1",
+    ]) + "\n")
+    evs = logs.error_lines(str(p))
+    assert [(e.kind, e.line) for e in evs] == [("first_exception", 5), ("first_error", 8)]
+    assert evs[0].fields == {"exception": "ValueError"} and evs[0].rank == 3
+
+
+def test_gzip_through_grep_matches_the_python_scanner(tmp_path: Path) -> None:
+    p = tmp_path / "job.out.gz"
+    body = b"\n".join([STEP] * 1000 + [WATCHDOG] + [STEP] * 10 + [CANCEL, b"\xff\x00junk"])  # no final newline
+    p.write_bytes(gzip.compress(body))
+    a, sa = scan(str(p))
+    b, sb = scan(str(p), prefilter=False)
+    assert [(e.kind, e.line, e.fields) for e in a] == [(e.kind, e.line, e.fields) for e in b]
+    assert [(e.kind, e.line) for e in a] == [("watchdog_timeout", 1001), ("slurm_cancel", 1012)]
+    assert (sa.lines, sa.bytes, sa.candidate_lines) == (sb.lines, sb.bytes, sb.candidate_lines) == (1013, len(body), 2)

@@ -140,3 +140,43 @@ def test_triage_result_json_roundtrip(tmp_path: Path) -> None:
     p.write_text(XID79 + "\n")
     r = triage_logs([str(p)], job="123")
     assert json.loads(json.dumps(r.to_dict()))["findings"][0]["gpu"] == "0000:44:00.0"
+
+
+def test_cli_relative_log_path_and_directory_from_another_cwd(tmp_path: Path, capsys, monkeypatch) -> None:
+    """``triage --log slurm-1.out`` works from the log's directory (the grep prefilter runs with cwd /),
+    and ``--log DIR`` reads the directory's logs."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "slurm-1.out").write_text(OOM + "\n")
+    monkeypatch.chdir(run)
+    assert _run("--log", "slurm-1.out", "--format", "json") == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["findings"][0]["category"] == "memory" and doc["sources"]["logs"][str(run / "slurm-1.out")]["read"]
+    monkeypatch.chdir(tmp_path)
+    assert _run("--log", "run", "--format", "json") == 1
+    assert json.loads(capsys.readouterr().out)["findings"][0]["id"] == "log.oom.host"
+
+
+def test_a_failing_parser_or_structured_rule_never_breaks_triage(tmp_path: Path, monkeypatch) -> None:
+    from slurm_triage.triage import parsers, rules
+
+    def boom(*_a, **_k):
+        raise RuntimeError("parser bug")
+
+    p = tmp_path / "job.out"
+    p.write_text(OOM + "\n")
+    monkeypatch.setattr(parsers, "parse_file", boom)
+    monkeypatch.setattr(rules, "structured_rules", lambda: (rules.Rule("structured.boom", ("memory",), boom),))
+    r = triage_logs([str(p)])
+    assert r.findings[0].id == "log.oom.host" and r.sources["logs"][str(p)]["read"] is True
+
+
+def test_xid_line_naming_its_cause_makes_that_xid_the_root() -> None:
+    """Only Xid 45 lines in the log, each saying "caused by previous Xid 149" (source:
+    NVIDIA/open-gpu-kernel-modules#1150): the NVLink Xid they name is the root, the 45s follow."""
+    line = "kernel: NVRM: Xid (PCI:0000:dc:00): 45, pid=1818990, name=python3, Ch 00000001 caused by previous Xid 149"
+    f = run_rules(events(line, line.replace("Ch 00000001", "Ch 00000002")))
+    assert [(x.id, x.caused_by) for x in f] == [("log.xid.149.0000:dc:00.0", None),
+                                                ("log.xid.45.0000:dc:00.0", "log.xid.149.0000:dc:00.0")]
+    assert f[0].verdict.value == "FAIL" and f[0].evidence["inferred_from"] == "caused by previous Xid"
+    assert f[1].evidence["caused_by_xid"] == [149] and f[1].consequence

@@ -259,7 +259,7 @@ def test_grep_prefilter_finds_the_same_events_as_python(tmp_path: Path) -> None:
     assert _key(a) == _key(b) and len(a) == 2 and sa.lines == sb.lines == 4
     gz = tmp_path / "x.log.gz"
     gz.write_bytes(gzip.compress(watchdog + b"\n"))
-    assert len(logs.scan(str(gz))[0]) == 1  # gzip: the Python scanner
+    assert len(logs.scan(str(gz))[0]) == 1  # gzip: decompressed into grep
     os.chmod(g, 0)
     if os.geteuid() != 0:
         with pytest.raises(OSError):
@@ -290,9 +290,25 @@ def test_evidence_bundles_flag_the_hung_node(tmp_path) -> None:
     job_dir.mkdir(parents=True)
     shutil.copy(src, job_dir / src.name)
     (job_dir / "hang-node3-0-1.json").write_bytes(b"\x00garbage{")  # a broken one is a note
-    nodes, rec = bundles.gather(str(tmp_path), "4711")
+    nodes, rec = bundles.gather(str(tmp_path), "4711", 4242)
     assert sorted(nodes) == ["node2"] and nodes["node2"]["watch"]["hang_suspected"] is True
     assert nodes["node2"]["watch"]["bundles"] == [str(job_dir / src.name)]
     assert rec["read"] and rec["files"] == 1 and "hang-node3-0-1.json" in rec["errors"][0]
-    assert bundles.gather(str(tmp_path), "4712")[1]["read"] is False  # another job's: nothing
+    assert bundles.gather(str(tmp_path), "4712", 4242)[1]["read"] is False  # another job's: nothing
     assert bundles.gather(str(tmp_path), "*")[1]["error"].startswith("not a job id")
+
+
+# ---- Slurm's output is other people's text (issue 13, break 12) ---------------------------------
+
+def test_slurm_output_with_invalid_utf8_is_decoded_not_fatal(tmp_path: Path) -> None:
+    """A job name/comment with byte 0xff: scontrol's output is still read (replacement character)."""
+    from slurm_triage.triage.sources import slurm as slurm_src
+
+    fake = tmp_path / "scontrol"
+    fake.write_bytes(b"#!/bin/sh\nprintf 'JobId=77 JobName=x\\377y UserId=alice(4242) JobState=FAILED "
+                     b"NodeList=n1 ExitCode=1:0\\n'\n")
+    fake.chmod(0o755)
+    out, err = slurm_src._run([str(fake)], 5.0)
+    assert err == "" and out is not None and "x\ufffdy" in out
+    facts = slurm_src.from_scontrol(out, "77")
+    assert facts is not None and (facts.user, facts.uid, facts.state) == ("alice", 4242, "FAILED")

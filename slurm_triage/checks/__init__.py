@@ -4,6 +4,8 @@ A check is one function registered with ``@check``; it reads the fact sections i
 in ``needs`` and returns findings. No I/O happens here, so every check is tested from
 recorded facts. When a section could not be collected (probe error or deadline), the
 checks that need it are not run and one UNKNOWN finding per missing section says why.
+A check lists at most MAX_FINDINGS_PER_CHECK findings (hardware FAILs first); one more
+finding counts the rest, so a user's 100,000 files cannot make 100,000 findings.
 """
 from __future__ import annotations
 
@@ -12,10 +14,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Tuple
 
 from ..config import Config
-from ..model import Finding, Verdict, sort_findings
+from ..model import Finding, Verdict, sort_findings, worst
 
 Facts = Dict[str, Any]
 CheckFn = Callable[[Facts, Config], List[Finding]]
+MAX_FINDINGS_PER_CHECK = 50
 
 # Modules that hold checks, imported in this order; adding a module means adding it here.
 MODULES = ("gpu", "xid", "leftovers", "listeners", "rdma", "sampling")
@@ -67,7 +70,27 @@ def run_checks(facts: Facts, cfg: Config) -> List[Finding]:
     for spec in load_all().values():
         if spec.id in disabled or any(facts.get(s) is None for s in spec.needs):
             continue
-        for f in spec.fn(facts, cfg):
+        for f in capped(spec.id, spec.fn(facts, cfg)):
             f.node = f.node or node
             findings.append(f)
     return sort_findings(findings)
+
+
+def capped(check_id: str, found: List[Finding], limit: int = MAX_FINDINGS_PER_CHECK) -> List[Finding]:
+    """At most ``limit`` findings, hardware FAILs and worse verdicts first, plus one that
+    counts the rest (it keeps their worst verdict and, if any was hardware, that too)."""
+    if len(found) <= limit:
+        return found
+    ranked = sorted(found, key=lambda f: (not f.hardware, -f.verdict.severity))
+    kept, rest = ranked[:limit - 1], ranked[limit - 1:]
+    by_verdict: Dict[str, int] = {}
+    for f in rest:
+        by_verdict[f.verdict.value] = by_verdict.get(f.verdict.value, 0) + 1
+    counts = ", ".join(f"{n} {v}" for v, n in sorted(by_verdict.items()))
+    kept.append(Finding(
+        id=check_id, verdict=worst(f.verdict for f in rest), hardware=any(f.hardware for f in rest),
+        summary=f"{len(rest)} more {check_id} findings not listed ({counts})",
+        evidence={"omitted": len(rest), "by_verdict": by_verdict,
+                  "examples": [f.summary for f in rest[:3]]},
+        action=rest[0].action))
+    return kept

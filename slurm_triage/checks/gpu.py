@@ -177,3 +177,25 @@ def gpu_pcie(facts: Facts, cfg: Config) -> List[Finding]:
                            action="reseat the GPU/riser and check PCIe AER errors in the kernel log; a degraded "
                                   "link slows host<->GPU and GPUDirect RDMA traffic"))
     return out
+
+
+@check("gpu.recovery_action", needs=("gpu",))
+def gpu_recovery_action(facts: Facts, cfg: Config) -> List[Finding]:
+    """The driver asks for a recovery action (GPU reset, node reboot, ...): newer drivers' field."""
+    from .. import xid_codes
+
+    out: List[Finding] = []
+    for g in _gpus(facts):
+        code = g.get("recovery_action")
+        if not code:
+            continue  # None: not supported / not read; 0: no action needed
+        what, verdict = xid_codes.RECOVERY_ACTIONS.get(code, (f"an unknown recovery action ({code})", xid_codes.WARN))
+        fail = verdict == xid_codes.FAIL
+        out.append(Finding(
+            "gpu.recovery_action", Verdict.FAIL if fail else Verdict.WARN,
+            f"{_who(g)}: the driver asks for {what} (recovery action {code})", gpu=g.get("uuid"),
+            evidence=_evidence(facts, g, recovery_action=code, recovery_action_name=what),
+            action=f"drain the node and do the {what}; run diagnostics before returning it" if fail
+            else f"{what}; the node itself can stay in service",
+            hardware=fail))
+    return out

@@ -51,7 +51,9 @@ def leftover_process(facts: Facts, cfg: Config) -> List[Finding]:
         out.append(Finding(
             id="leftover.process", verdict=Verdict.FAIL if fail else Verdict.WARN, pid=p["pid"],
             gpu=gpus[0] if len(gpus) == 1 else None,
-            summary=(f"pid {p['pid']} ({p['comm']}, uid {p['uid']}) of job {job} outlived its job"
+            summary=(f"pid {p['pid']} ({p['comm']}, uid {p['uid']}) "
+                     + (f"of job {job} outlived its job" if p.get("job_source") != "environ"
+                        else f"claims job {job} (SLURM_JOB_ID in its environment), which no longer runs")
                      + (f"; holds {'; '.join(held)}" if held else "")),
             evidence={"job_id": job, "job_source": p["job_source"], "uid": p["uid"], "comm": p["comm"],
                       "cmdline": p["cmdline"], "state": p["state"], "start_time": p["start_time"],
@@ -102,6 +104,16 @@ def leftover_ipc(facts: Facts, cfg: Config) -> List[Finding]:
                       "mtime": f["mtime"], "symlink": f["symlink"], "holders": [p["pid"] for p in held_by]},
             action=("remove the link itself (never its target)" if f["symlink"] else
                     "remove it after its holders are gone; the epilog cleans up files of the finished job")))
+    omitted = procs.get("ipc_files_omitted") or {}
+    if omitted.get("count") or omitted.get("unscanned_dirs"):
+        where = ", ".join(f"{n} in {d}" for d, n in sorted(omitted.get("by_dir", {}).items()))
+        unscanned = omitted.get("unscanned_dirs") or []
+        out.insert(0, Finding(  # first: a cap on findings (checks.capped) keeps it
+            id="leftover.ipc", verdict=Verdict.WARN,
+            summary=(f"{omitted.get('count', 0)} more IPC files not examined ({where or 'none listed'})"
+                     + (f"; {', '.join(unscanned)} hold(s) too many entries to scan" if unscanned else "")),
+            evidence=dict(omitted),
+            action="look at who fills the directory (ls -lU | head); clean it up by hand"))
     return out
 
 

@@ -37,7 +37,10 @@ GPU_KEYS = (
     "clock_event_reasons", "clock_event_names", "ecc_uncorrected_volatile", "ecc_uncorrected_aggregate",
     "remap_pending", "remap_failure", "retired_pages_pending", "processes",
     "pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max", "nvlink", "persistence_mode",
+    "recovery_action",
 )
+RECOVERY_ACTION_FIELD = 230
+"""NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (nvml.h), for pynvml releases that lack the name."""
 
 
 def decode_clock_events(mask: int) -> List[str]:
@@ -170,7 +173,21 @@ class _Reader:
         self.set("pcie_width_max", lambda: nv.nvmlDeviceGetMaxPcieLinkWidth(h))
         g["nvlink"] = self._nvlink(h)
         self.set("persistence_mode", lambda: nv.nvmlDeviceGetPersistenceMode(h), bool)
+        self._recovery_action(h)
         return g
+
+    def _recovery_action(self, h: Any) -> None:
+        """The driver's recommended recovery (newer drivers, the value behind Xid 154) from
+        the field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION; a field NVML answers per value."""
+        nv = self.nv
+        fv = self.call("recovery_action", lambda: nv.nvmlDeviceGetFieldValues(
+            h, [getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", RECOVERY_ACTION_FIELD)])[0])
+        if fv is None:
+            return
+        if fv.nvmlReturn == nv.NVML_SUCCESS:
+            self.g["recovery_action"] = int(fv.value.uiVal)
+        else:
+            self.record("recovery_action", nv.NVMLError(fv.nvmlReturn))
 
     def _nvlink(self, h: Any) -> Optional[List[Dict[str, Any]]]:
         """Links from 0 up to the first one NVML rejects (H100 SXM has 18, A100 SXM 12)."""

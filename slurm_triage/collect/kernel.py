@@ -7,6 +7,12 @@ until EAGAIN, never waits), ``dmesg`` text, or a file in either format (a record
 larger than MAX_FILE_BYTES are read only up to that size, and only lines that mention
 NVRM or AER are decoded and matched. ``since_seq`` lets the Epilog ask only for what
 happened after the Prolog's ``last_seq``; for text sources the sequence is the line number.
+
+Only the driver's own records count: a message must *start* with ``NVRM:`` (a segfault
+report quoting a file named "NVRM: Xid ... 79" starts with the task name, and a task name
+holds at most 15 bytes, too few for the pattern), a /dev/kmsg record must come from the
+kernel (facility 0; user-space writes carry another), and the later lines of a multi-line
+record count only when its first line is the driver's (NVRM or a device's dev_printk).
 """
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 from ..config import Config
 from ..pci import normalize
+from ..printable import printable
 
 MAX_LINE_BYTES = 64 * 1024
 MAX_FILE_BYTES = 64 * 1024 * 1024
@@ -30,15 +37,19 @@ _BDF = r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
 _KMSG = re.compile(r"^(\d+),(\d+),(\d+),[^;]*;(.*)$", re.S)
 _DMESG_TS = re.compile(r"^\[\s*(\+?)(\d+\.\d+)\]\s?(.*)$", re.S)  # "+" = dmesg -H delta
 _SYSLOG = re.compile(r"^.*?\bkernel: (.*)$", re.S)
+_CALLER = re.compile(r"^\[\s*[TC]\d+\]\s?")  # dmesg's caller id column (CONFIG_PRINTK_CALLER)
+DRIVER_PREFIX = "NVRM:"
+_DEV_PREFIX = re.compile(r"^\S+ " + _BDF + r": ")  # dev_printk's "<driver> <device>: " (AER lines)
 # NVRM: Xid (PCI:0000:18:00): 79, pid=..., GPU has fallen off the bus.  (old drivers omit "PCI:";
 # MIG adds " GPU-I:05" before the parenthesis)
-_XID = re.compile(r"NVRM: Xid \((?:PCI:)?(" + _BDF + r")[^)]*\): (\d+)")
-_GPU_AT = re.compile(r"NVRM: GPU at PCI:(" + _BDF + r"): (GPU-[0-9a-fA-F-]+)")
+_XID = re.compile(r"^NVRM: Xid \((?:PCI:)?(" + _BDF + r")[^)]*\): (\d+)")
+_GPU_AT = re.compile(r"^NVRM: GPU at PCI:(" + _BDF + r"): (GPU-[0-9a-fA-F-]+)")
 # Probe-time message printed without an Xid; one record with embedded newlines, or 2-3 lines.
-_FALLEN_START = re.compile(r"NVRM: The NVIDIA GPU (" + _BDF + r")")
-_FALLEN_END = re.compile(r"fallen off the bus and is not responding to commands")
+_FALLEN_START = re.compile(r"^NVRM: The NVIDIA GPU (" + _BDF + r")")
+_FALLEN_END = re.compile(r"^NVRM: fallen off the bus and is not responding to commands")
+_FALLEN_SAME_LINE = re.compile(r"fallen off the bus and is not responding to commands")
 # "NVRM: GPU 0000:05:00.0: GPU has fallen off the bus." / "NVRM: GPU at 0000:01:00.0 has fallen off the bus."
-_FALLEN_ONE = re.compile(r"NVRM: GPU (?:at )?(?:PCI:)?(" + _BDF + r"):? (?:GPU )?has fallen off the bus")
+_FALLEN_ONE = re.compile(r"^NVRM: GPU (?:at )?(?:PCI:)?(" + _BDF + r"):? (?:GPU )?has fallen off the bus")
 _SEVERITY = r"(Corrected|Correctable|Uncorrected \((?:Non-)?Fatal\)|Uncorrectable \((?:Non-)?Fatal\))"
 _AER_DETAIL = re.compile(r"^(\S+) (" + _BDF + r"): (?:AER: )?PCIe Bus Error: severity=" + _SEVERITY)
 _AER_RECEIVED = re.compile(r"^(\S+) (" + _BDF + r"): AER: (?:Multiple )?" + _SEVERITY
@@ -61,7 +72,7 @@ def _bus(text: str) -> str:
 
 def _event(kind: str, rec: Record, line: str, bus: str, **extra: Any) -> Dict[str, Any]:
     ev = {"kind": kind, "pci_bus_id": bus, "xid": None, "time": rec[1], "seq": rec[0],
-          "text": line[:MAX_TEXT_CHARS], "uuid": None, "severity": None, "driver": None}
+          "text": printable(line[:MAX_TEXT_CHARS]), "uuid": None, "severity": None, "driver": None}
     ev.update(extra)
     return ev
 
@@ -79,8 +90,13 @@ def parse_records(records: Iterable[Record], since_seq: Optional[int] = None) ->
             last_seq = seq
         if since_seq is not None and seq <= since_seq:
             continue
-        for raw in rec[2].split("\n"):
+        lines = rec[2].split("\n")
+        first = lines[0].strip()
+        driver_record = first.startswith(DRIVER_PREFIX) or bool(_DEV_PREFIX.match(first))
+        for n, raw in enumerate(lines):
             line = raw.strip()
+            if n and not driver_record:
+                break  # a later line of someone else's message (e.g. a quoted file name)
             if pending is not None:
                 if _FALLEN_END.search(line):
                     events.append(_event("fallen_off_bus", pending[1], pending[2] + " ... " + line, pending[0]))
@@ -98,7 +114,7 @@ def parse_records(records: Iterable[Record], since_seq: Optional[int] = None) ->
                 continue
             m = _FALLEN_START.search(line)
             if m:
-                if _FALLEN_END.search(line):
+                if _FALLEN_SAME_LINE.search(line):
                     events.append(_event("fallen_off_bus", rec, line, _bus(m.group(1))))
                 else:
                     pending = (_bus(m.group(1)), rec, line, _FALLEN_WINDOW)
@@ -148,6 +164,8 @@ def parse_kmsg_record(raw: bytes) -> Optional[Record]:
     m = _KMSG.match(_decode(raw).split("\n", 1)[0])
     if not m:
         return None
+    if int(m.group(1)) >> 3:  # facility != kernel: written to /dev/kmsg by user space
+        return int(m.group(2)), None, ""
     text = m.group(4).replace("\\x0a", "\n")
     return int(m.group(2)), int(m.group(3)) / 1e6, text
 
@@ -187,6 +205,7 @@ def records_from_lines(lines: Iterable[Tuple[int, bytes]]) -> Iterator[Record]:
         m = _DMESG_TS.match(text)
         if m:
             ts, text = (None if m.group(1) else float(m.group(2))), m.group(3)
+        text = _CALLER.sub("", text, count=1)
         pending = (lineno, ts, text)
     if pending is not None:
         yield pending

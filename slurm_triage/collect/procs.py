@@ -5,6 +5,12 @@ files (environ, maps, cmdline) only for the few candidates. Direct reads beat ps
 here (no 55 ms import, no per-process objects) and keep the cost linear in
 processes + fds. Sockets are joined to processes through ``socket:[inode]`` fd links.
 IPC files are lstat-ed, never opened and never followed.
+
+Everything here is bounded against a hostile user: at most MAX_IPC_SCAN entries of each
+directory are looked at and at most MAX_IPC_FILES of them are listed (the rest are counted
+in ``ipc_files_omitted``); names, titles and command lines are stored ``printable`` (a
+name that is not, e.g. one with byte 0xff, keeps its exact bytes in ``raw_name``, hex,
+for the clean-up); job ids and node names from an environment must have their closed form.
 """
 from __future__ import annotations
 
@@ -14,6 +20,8 @@ import stat as stat_mod
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from ..config import Config
+from ..ids import is_job_id, is_node
+from ..printable import printable
 from . import jobs
 
 PROC = "/proc"
@@ -25,6 +33,12 @@ IPC_KINDS = (("nccl-", "nccl"), ("vader_segment.", "mpi"), ("sm_segment.", "mpi"
              ("openmpi-sessions-", "mpi"), ("ucx_", "ucx"), ("psm2_shm.", "psm2"),
              ("torch_", "torch"), ("torchelastic_", "torch"))
 TCP_LISTEN = "0A"
+STEPD_EXECUTABLES = ("slurmstepd", "slurmstepd-wlm")
+"""File names of the real slurmstepd (Debian's slurm-wlm installs /usr/sbin/slurmstepd-wlm)."""
+MAX_IPC_SCAN = 50_000
+"""Directory entries looked at per IPC directory (100,000 names cost ~90 ms to list)."""
+MAX_IPC_FILES = 1_000
+"""IPC files listed (lstat-ed) over all directories; the rest are counted, not listed."""
 
 Sock = Tuple[str, str, str, int]  # proto, state, local "HEX:PORT", uid
 
@@ -102,12 +116,14 @@ def _environ(proc: str, pid: int) -> Dict[str, str]:
         data = _read_all(f"{proc}/{pid}/environ")
     except OSError:
         return out
-    for var in (b"SLURM_JOB_ID=", b"SLURMD_NODENAME="):
+    for var, valid in ((b"SLURM_JOB_ID=", is_job_id), (b"SLURMD_NODENAME=", is_node)):
         i = data.find(b"\0" + var)
         i = 0 if data.startswith(var) else (i + 1 if i >= 0 else -1)
         if i >= 0:
             end = data.find(b"\0", i)
-            out[var[:-1].decode()] = data[i + len(var):end if end >= 0 else len(data)].decode(errors="replace")
+            value = data[i + len(var):end if end >= 0 else len(data)].decode(errors="replace")
+            if valid(value):  # the user writes the environment: anything else is not an id
+                out[var[:-1].decode()] = value
     return out
 
 
@@ -123,8 +139,9 @@ def _maps(proc: str, pid: int, ipc_prefixes: List[bytes]) -> Tuple[List[str], Li
         i = data.find(prefix)
         while i >= 0:
             end = data.find(b"\n", i)
-            path = data[i:end if end >= 0 else len(data)].decode(errors="replace")
-            path = path[:-len(" (deleted)")] if path.endswith(" (deleted)") else path
+            raw = data[i:end if end >= 0 else len(data)]
+            raw = raw[:-len(b" (deleted)")] if raw.endswith(b" (deleted)") else raw
+            path = printable(raw)
             if ipc_kind(os.path.basename(path)):
                 shm.add(path)
             i = data.find(prefix, i + 1)
@@ -140,7 +157,7 @@ def _details(proc: str, want: List[Any], ipc_prefixes: List[bytes]) -> List[Any]
     pid, need_env, job_or_gpu = want
     env = _environ(proc, pid) if need_env else {}
     maps = list(_maps(proc, pid, ipc_prefixes)) if job_or_gpu or env.get("SLURM_JOB_ID") else None
-    return [pid, env, maps, _cmdline(proc, pid).replace(b"\0", b" ").decode(errors="replace").strip()]
+    return [pid, env, maps, printable(_cmdline(proc, pid).replace(b"\0", b" ").strip())[:CMDLINE_MAX]]
 
 
 def _cmdline(proc: str, pid: int) -> bytes:
@@ -150,12 +167,32 @@ def _cmdline(proc: str, pid: int) -> bytes:
         return b""
 
 
-class _Proc:
-    __slots__ = ("pid", "ppid", "uid", "start", "comm", "state", "threads", "socks", "nvidia",
-                 "shm", "job", "source", "node")
+def _is_stepd(base: str, uid: int, comm: bytes) -> bool:
+    """A real slurmstepd: root-owned and running the slurmstepd executable.
 
-    def __init__(self, pid: int, ppid: int, uid: int, start: float, comm: str, state: str, threads: int):
-        self.pid, self.ppid, self.uid, self.start = pid, ppid, uid, start
+    The title (``slurmstepd: [J.0]``) and comm are the user's to choose, so they prove
+    nothing alone. /proc/PID/exe is readable only by root; a non-root scan cannot check it
+    and relies on uid 0, which a user cannot fake.
+    """
+    if comm != b"slurmstepd" or uid != 0:
+        return False
+    try:
+        exe = os.readlink(base + "/exe")
+    except PermissionError:
+        return os.geteuid() != 0
+    except OSError:
+        return False
+    exe = exe[:-len(" (deleted)")] if exe.endswith(" (deleted)") else exe  # upgraded under it
+    return os.path.basename(exe) in STEPD_EXECUTABLES
+
+
+class _Proc:
+    __slots__ = ("pid", "ppid", "uid", "start", "ticks", "comm", "state", "threads", "socks", "nvidia",
+                 "shm", "job", "source", "node", "stepd")
+
+    def __init__(self, pid: int, ppid: int, uid: int, start: float, ticks: int, comm: str, state: str,
+                 threads: int):
+        self.pid, self.ppid, self.uid, self.start, self.ticks = pid, ppid, uid, start, ticks
         self.comm, self.state, self.threads = comm, state, threads
         self.socks: List[int] = []
         self.nvidia: List[str] = []
@@ -163,7 +200,7 @@ class _Proc:
         self.job: Optional[str] = None
         self.source: Optional[str] = None
         self.node: Optional[str] = None
-
+        self.stepd = False
 
     def dump(self) -> List[Any]:
         return [getattr(self, k) for k in self.__slots__]
@@ -221,8 +258,10 @@ def _scan_pids(proc: str, pids: List[int], ipc_dirs: List[str], boot: float, hz:
         ppid = int(f[1])
         if pid == 2 or ppid == 2:
             continue  # kernel threads hold no files and belong to no job
-        p = _Proc(pid, ppid, uid, round(boot + int(f[19]) / hz, 2),
-                  data[data.find(b"(") + 1:r].decode(errors="replace"), f[0].decode(), int(f[17]))
+        comm = data[data.find(b"(") + 1:r]
+        p = _Proc(pid, ppid, uid, round(boot + int(f[19]) / hz, 2), int(f[19]),
+                  printable(comm), f[0].decode(), int(f[17]))
+        p.stepd = _is_stepd(base, uid, comm)
         try:
             p.job = jobs.job_from_cgroup(_read(base + "/cgroup"))
             p.source = "cgroup" if p.job else None
@@ -243,7 +282,7 @@ def _scan_pids(proc: str, pids: List[int], ipc_dirs: List[str], boot: float, hz:
             elif link.startswith("/dev/nvidia"):
                 p.nvidia.append(link)
             elif link.startswith(dir_prefixes) and ipc_kind(os.path.basename(link)):
-                p.shm.append(link)
+                p.shm.append(printable(link))
         procs.append(p)
     return procs
 
@@ -261,7 +300,7 @@ def _under_stepd(procs: Dict[int, _Proc], pid: int, memo: Dict[int, bool]) -> bo
     chain: List[int] = []
     found = False
     while pid in procs and pid not in memo:
-        if procs[pid].comm == "slurmstepd":
+        if procs[pid].stepd:
             found = True
             break
         chain.append(pid)
@@ -288,7 +327,7 @@ def collect(cfg: Config) -> Dict[str, Any]:
     # Which costly files each process needs, decided on the whole tree, then read in parallel.
     wants: List[List[Any]] = []
     for p in procs.values():
-        if p.comm == "slurmstepd" or p.pid in ours:
+        if p.stepd or p.pid in ours:
             continue
         env = p.job is None and bool(p.socks or p.nvidia or p.shm or p.uid != 0 or _under_stepd(procs, p.pid, memo))
         wants.append([p.pid, env, bool(p.job or p.nvidia)])
@@ -297,7 +336,7 @@ def collect(cfg: Config) -> Dict[str, Any]:
     out_procs: List[Dict[str, Any]] = []
     holders: Dict[int, List[_Proc]] = {}
     for p in procs.values():
-        if p.comm == "slurmstepd":
+        if p.stepd:
             jid = jobs.job_from_stepd_title(_cmdline(proc, p.pid)) or p.job
             if jid:
                 running.add(jid)
@@ -328,7 +367,8 @@ def collect(cfg: Config) -> Dict[str, Any]:
         if not (p.job or libs or p.nvidia):
             continue  # a listener outside any job (sshd, a dashboard) shows in `listeners` only
         row: Dict[str, Any] = {
-            "pid": p.pid, "ppid": p.ppid, "uid": p.uid, "start_time": p.start, "comm": p.comm,
+            "pid": p.pid, "ppid": p.ppid, "uid": p.uid, "start_time": p.start, "start_ticks": p.ticks,
+            "comm": p.comm,
             "cmdline": cmdline,
             "threads": p.threads, "state": p.state, "job_id": p.job, "job_source": p.source,
             "libs": libs, "dev_nvidia": sorted(set(p.nvidia)), "shm": p.shm,
@@ -353,30 +393,54 @@ def collect(cfg: Config) -> Dict[str, Any]:
         # hidepid: slurmstepd (root) is invisible to us; job cgroups are the only evidence left
         running |= set(jobs.job_cgroup_dirs())
         jobs_source = "cgroup"
+    ipc_files, omitted = scan_ipc_bounded(ipc_dirs)
     return {"processes": sorted(out_procs, key=lambda r: r["pid"]),
-            "ipc_files": scan_ipc(ipc_dirs),
+            "ipc_files": ipc_files, "ipc_files_omitted": omitted,
             "listeners": sorted(listeners, key=lambda x: (x["port"], x["proto"], x["pid"] or 0)),
             "running_jobs": sorted(running, key=int), "jobs_source": jobs_source}
 
 
 def scan_ipc(dirs: List[str]) -> List[Dict[str, Any]]:
     """NCCL/MPI/UCX/PSM2/torch files in ``dirs``: lstat only, a symlink is reported, not followed."""
+    return scan_ipc_bounded(dirs)[0]
+
+
+def scan_ipc_bounded(dirs: List[str], max_files: int = MAX_IPC_FILES,
+                     max_scan: int = MAX_IPC_SCAN) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
+    """(listed IPC files, what was left out): at most ``max_files`` listed over all ``dirs``,
+    at most ``max_scan`` entries looked at per directory.
+
+    The omitted part is ``{"count": IPC files seen but not listed, "by_dir": {dir: count},
+    "unscanned_dirs": [dirs with more than max_scan entries]}``.
+    """
     out: List[Dict[str, Any]] = []
+    omitted: Dict[str, Any] = {"count": 0, "by_dir": {}, "unscanned_dirs": []}
     for d in dirs:
         try:
-            it = os.scandir(d)
+            it = os.scandir(os.fsencode(d))
         except OSError:
             continue
         with it:
-            for e in it:
-                kind = ipc_kind(e.name)
+            for n, e in enumerate(it):
+                if n >= max_scan:
+                    omitted["unscanned_dirs"].append(d)
+                    break
+                name = printable(e.name)
+                kind = ipc_kind(name)
                 if kind is None:
+                    continue
+                if len(out) >= max_files:
+                    omitted["count"] += 1
+                    omitted["by_dir"][d] = omitted["by_dir"].get(d, 0) + 1
                     continue
                 try:
                     st = e.stat(follow_symlinks=False)
                 except OSError:
                     continue
-                out.append({"path": e.path, "dir": d, "name": e.name, "kind": kind, "uid": st.st_uid,
-                            "size_bytes": st.st_size, "mtime": st.st_mtime,
-                            "symlink": stat_mod.S_ISLNK(st.st_mode)})
-    return sorted(out, key=lambda x: x["path"])
+                row = {"path": os.path.join(d, name), "dir": d, "name": name, "kind": kind,
+                       "uid": st.st_uid, "size_bytes": st.st_size, "mtime": st.st_mtime,
+                       "symlink": stat_mod.S_ISLNK(st.st_mode)}
+                if name != e.name.decode("utf-8", "surrogateescape"):
+                    row["raw_name"] = e.name.hex()  # the exact bytes, for the clean-up
+                out.append(row)
+    return sorted(out, key=lambda x: x["path"]), omitted

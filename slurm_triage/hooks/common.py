@@ -2,30 +2,58 @@
 
 Our own faults fail open: a bad config, a bug or a missed deadline logs one line, counts
 ``slurm_triage_internal_errors_total`` and exits 0, because a broken tool must never
-drain the fleet. Only evidence (a hardware FAIL) makes a hook exit non-zero.
+drain the fleet. Only evidence (a hardware FAIL) makes a hook exit non-zero, and it says
+so with HARDWARE_FAIL_EXIT: the prolog/ and epilog/ scripts run Python as a child and
+turn that code, and only that code, into exit 1, so a SIGKILL, an OOM kill or a crashed
+interpreter exits 0 and Slurm does not drain the node for our fault.
 """
 from __future__ import annotations
 
 import os
 import re
 import signal
+import socket
 import sys
 import time
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ..config import Config, load
+from ..config import SCHEMA, Config, load
 from ..model import Finding, Verdict
+from ..printable import printable  # a file name with a newline or ANSI escape must not forge log lines
 from ..sinks.atomic import write_atomic
 from .env import EnvError, JobEnv, from_environ
 
 LOG_MAX_BYTES = 1 << 20
+HARDWARE_FAIL_EXIT = 86
+"""The one exit code the hook scripts turn into a non-zero exit (Slurm drains, requeues)."""
+PUSH_MARGIN_SECONDS = 0.5
+"""Left for the textfile and the log line after the last push, within the deadline."""
+_deadline_at = [float("inf")]
+
+
+def _syslog(path: str, line: str) -> None:
+    """One datagram to syslog/journald (daemon.warning): slurmd drops a hook's stderr."""
+    if not path:
+        return
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.settimeout(0.2)
+            sock.sendto(f"<28>slurm-triage[{os.getpid()}]: {line}".encode("utf-8", "replace"), path)
+    except OSError:
+        pass
 
 
 def log(cfg: Optional[Config], kind: str, msg: str) -> None:
-    """One line to stderr (slurmd's log on failure) and to <state_dir>/hooks.log."""
-    line = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} slurm-triage {kind}: {msg}\n"
-    sys.stderr.write(line)
+    """One line to stderr (slurmd's log on failure), syslog and <state_dir>/hooks.log."""
+    text = f"{kind}: {printable(msg)}"
+    line = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} slurm-triage {text}\n"
+    try:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    _syslog(cfg.get("node", "syslog_socket") if cfg is not None else SCHEMA["node"]["syslog_socket"].default, text)
     if cfg is None:
         return
     try:
@@ -40,6 +68,11 @@ def log(cfg: Optional[Config], kind: str, msg: str) -> None:
             fh.write(line)
     except OSError:
         pass
+
+
+def time_left() -> float:
+    """Seconds until the running hook's hard deadline (inf outside a hook)."""
+    return _deadline_at[0] - time.monotonic()
 
 
 def count_internal_error(cfg: Config) -> int:
@@ -67,7 +100,7 @@ def internal_errors(cfg: Config) -> int:
         return 0
 
 
-_WHO = re.compile(r"^(?:GPU \d+ \([^)]*\)[:,]? ?)|(?: on GPU \d+ \([^)]*\))")
+_WHO = re.compile(r"^(?:GPU \d* ?\([^)]*\)[:,]? ?)|(?: on GPU \d* ?\([^)]*\))")
 
 
 def drain_reason(fails: List[Finding]) -> str:
@@ -81,30 +114,74 @@ def drain_reason(fails: List[Finding]) -> str:
     return text + (f" (+{len(fails) - 1} more)" if len(fails) > 1 else "")
 
 
-def drain_on_hardware(cfg: Config, env: JobEnv, findings: List[Finding]) -> Optional[str]:
-    """Drain this node, tagged, when a FAIL means the hardware; what happened, None if no such FAIL."""
+def drain_on_hardware(cfg: Config, env: JobEnv, findings: List[Finding], kind: str = "hook") -> Optional[str]:
+    """Drain this node, tagged, when a FAIL means the hardware; what happened when the hook
+    must exit non-zero, None when it exits 0 (no such FAIL, drains off, breaker held it).
+
+    The breaker may hold the drain back (too many nodes drained by us already): then the
+    FAIL is recorded and counted, the job runs or is cancelled as configured, and the node
+    stays in service. The intended reason is saved before scontrol is asked, so a
+    slurmctld that does not answer in time gets it later from a detached retrier.
+    """
     hardware = [f for f in findings if f.verdict == Verdict.FAIL and f.hardware]
     if not hardware:
         return None
+    reason = drain_reason(hardware)
     if not cfg.get("hooks", "drain"):
-        return "not drained (hooks.drain = false)"
+        log(cfg, kind, f"job {env.job_id}: hardware FAIL, not drained (hooks.drain = false): {reason}")
+        return None
+    from .. import breaker, drains
     from ..slurmctl import SlurmError, drain
 
+    budget = max(0.5, min(10.0, time_left() - PUSH_MARGIN_SECONDS - 1.0))  # 1 s left to push at least
+    decision = breaker.check(cfg, env.node, env.partition, min(2.0, budget / 3))
+    if not decision.allowed:
+        n = breaker.count_suppressed(cfg)
+        held = f"drain held back by the circuit breaker ({decision.why}); drain_suppressed_total {n}"
+        if cfg.get("drain", "on_breaker") == "fail_job":
+            held += "; " + _cancel_job(cfg, env)
+        log(cfg, kind, f"job {env.job_id}: hardware FAIL not drained: {reason}: {held}")
+        return None
+    drains.record(cfg, env.node, reason)
     try:
-        return drain(cfg, env.node, drain_reason(hardware))
+        out = drain(cfg, env.node, reason, timeout=max(0.5, budget - 1.0))
     except SlurmError as e:
-        return f"drain failed: {e}"
+        started = drains.spawn_retrier(cfg, env.node)
+        return f"drain failed: {e}; " + ("retrying in the background" if started else "no retrier could start")
+    drains.clear(cfg)
+    if out.startswith("drained"):
+        breaker.note_drained(cfg, env.node)
+    return out
+
+
+def _cancel_job(cfg: Config, env: JobEnv) -> str:
+    import subprocess
+
+    from ..slurmctl import tool_env
+
+    exe = cfg.get("drain", "scancel")
+    try:
+        r = subprocess.run([exe, env.job_id], capture_output=True, text=True, timeout=max(0.5, min(5.0, time_left() - 1)),
+                           env=tool_env())
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"job not cancelled: {exe}: {e}"
+    return "job cancelled" if r.returncode == 0 else f"job not cancelled: {(r.stderr or r.stdout).strip()}"
 
 
 def publish(cfg: Config, env: JobEnv, kind: str, record: Dict[str, Any], snap: Dict[str, Any],
             findings: List[Finding], t0: float, push: Callable[[float], None]) -> Tuple[Optional[str], float]:
     """What both hooks do once they have judged, in this order: save the state (first, so a
     later failure loses nothing), drain on a hardware FAIL, push, write the textfile.
+    A state that cannot be saved (full disk) is logged and counted; the push still goes.
     Returns the drain outcome and the hook's seconds so far (pushed with the results)."""
     from ..sinks import state
 
-    state.save(cfg, env.job_id, kind, record)
-    drained = drain_on_hardware(cfg, env, findings)
+    try:
+        state.save(cfg, env.job_id, kind, record)
+    except (OSError, ValueError) as e:
+        log(cfg, kind, f"job {env.job_id}: state not saved: {e}; pushing anyway")
+        count_internal_error(cfg)
+    drained = drain_on_hardware(cfg, env, findings, kind)
     seconds = time.monotonic() - t0
     if cfg.get("pushgateway", "url"):
         push(seconds)
@@ -113,23 +190,31 @@ def publish(cfg: Config, env: JobEnv, kind: str, record: Dict[str, Any], snap: D
 
 
 def conclude(cfg: Config, kind: str, summary: str, drained: Optional[str], worth_logging: bool) -> int:
-    """The hook's one log line and exit code: 1 only for a hardware FAIL (Slurm drains too)."""
+    """The hook's one log line and exit code: HARDWARE_FAIL_EXIT only for a hardware FAIL
+    that drains (the script exits 1 then, and Slurm drains too)."""
     if drained is not None:
         log(cfg, kind, f"{summary}; {drained}; exit 1")
-        return 1
+        return HARDWARE_FAIL_EXIT
     if worth_logging:
         log(cfg, kind, summary)
     return 0
 
 
-def deliver_logged(cfg: Config, kind: str, env: JobEnv, grouping: Dict[str, str], body: Optional[bytes] = None,
-                   delete: bool = False) -> None:
-    """Push or delete a group; a failure is one log line and one internal error (it is spooled)."""
-    from ..sinks.spool import deliver
+def push_budget(cfg: Config) -> float:
+    """Seconds the hook's pushes may take together: the configured budget, cut to what the
+    deadline leaves; a hung or black-holed gateway costs no more (the spool keeps the rest)."""
+    return max(0.0, min(cfg.get("pushgateway", "hook_budget_seconds"), time_left() - PUSH_MARGIN_SECONDS))
 
-    result = deliver(cfg, grouping, body, delete=delete)
+
+def deliver_logged(cfg: Config, kind: str, env: JobEnv, ops: List[Any]) -> None:
+    """Push or delete groups (spool.Op) within the hook's push budget; a failure is one log
+    line and one internal error (what was not sent is spooled)."""
+    from ..sinks.spool import deliver_all
+
+    result = deliver_all(cfg, ops, budget=push_budget(cfg))
     if result.error:
-        log(cfg, kind, f"job {env.job_id}: push: {result.error}")
+        log(cfg, kind, f"job {env.job_id}: push: {result.error} ({result.spooled} spooled, "
+                       f"{result.pending} pending)")
         count_internal_error(cfg)
 
 
@@ -154,35 +239,53 @@ def write_textfile(cfg: Config, snap: Dict[str, Any], findings: List[Finding]) -
 
 
 def run_hook(kind: str, deadline_key: str, body: Callable[[Config, JobEnv], int]) -> int:
-    """Run ``body`` fail-open under the hook's hard deadline; return the exit code."""
-    cfg = load(fail_open=True)
-    for w in cfg.warnings:
-        log(cfg, kind, f"config error: {w}")
-        count_internal_error(cfg)
-    try:
-        env = from_environ()
-    except EnvError as e:
-        log(cfg, kind, f"not run: {e}")
-        count_internal_error(cfg)
-        return 0
-    for w in env.warnings:
-        log(cfg, kind, f"job {env.job_id}: {w}")
-    deadline = cfg.get("hooks", deadline_key)
+    """Run ``body`` fail-open under the hook's hard deadline; return the exit code.
+
+    The deadline is armed before anything else, at the built-in default, so a config path
+    that blocks (a FIFO, a hung NFS mount) cannot outlive it; once the config is read it
+    is re-armed at the configured value, counted from the same start.
+    """
+    start = time.monotonic()
+    where: Dict[str, Any] = {"cfg": None, "job": "?", "deadline": SCHEMA["hooks"][deadline_key].default}
 
     def on_alarm(signum: int, frame: object) -> None:
-        log(cfg, kind, f"job {env.job_id}: passed its {deadline:g} s deadline; exiting 0 (fail open)")
-        count_internal_error(cfg)
+        cfg = where["cfg"]
+        log(cfg, kind, f"job {where['job']}: passed its {where['deadline']:g} s deadline; exiting 0 (fail open)")
+        if cfg is not None:
+            count_internal_error(cfg)
         os._exit(0)
 
+    def arm(seconds: float) -> None:
+        where["deadline"] = seconds
+        _deadline_at[0] = start + seconds
+        signal.setitimer(signal.ITIMER_REAL, max(0.001, _deadline_at[0] - time.monotonic()))
+
     signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, deadline)
+    arm(where["deadline"])
     try:
+        cfg = load(fail_open=True)
+        where["cfg"] = cfg
+        arm(cfg.get("hooks", deadline_key))
+        for w in cfg.warnings:
+            log(cfg, kind, f"config error: {w}")
+            count_internal_error(cfg)
+        try:
+            env = from_environ()
+        except EnvError as e:
+            log(cfg, kind, f"not run: {e}")
+            count_internal_error(cfg)
+            return 0
+        where["job"] = env.job_id
+        for w in env.warnings:
+            log(cfg, kind, f"job {env.job_id}: {w}")
         return body(cfg, env)
     except Exception as e:  # noqa: BLE001 - any bug of ours must fail open
         tb = traceback.extract_tb(e.__traceback__)[-1]
-        log(cfg, kind, f"job {env.job_id}: internal error {type(e).__name__}: {e} "
-                       f"({tb.filename.rsplit('/', 1)[-1]}:{tb.lineno}); exiting 0 (fail open)")
-        count_internal_error(cfg)
+        log(where["cfg"], kind, f"job {where['job']}: internal error {type(e).__name__}: {e} "
+                                f"({tb.filename.rsplit('/', 1)[-1]}:{tb.lineno}); exiting 0 (fail open)")
+        if where["cfg"] is not None:
+            count_internal_error(where["cfg"])
         return 0
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
+        _deadline_at[0] = float("inf")

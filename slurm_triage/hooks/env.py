@@ -23,6 +23,8 @@ class JobEnv:
     uid: Optional[int] = None
     user: str = ""
     nodelist: str = ""
+    partition: str = ""
+    """The job's partition (SLURM_JOB_PARTITION), '' when absent or not a plain name."""
     triage: str = ""
     """The opt-in mode ('on', 'deep') or '' when the job did not opt in."""
     gpus: Optional[List[int]] = None
@@ -56,6 +58,8 @@ def from_environ(env: Mapping[str, str] = os.environ) -> JobEnv:
     out.user = user if re.match(r"^[A-Za-z0-9._][A-Za-z0-9._-]{0,31}$", user) else ""
     # 22.05 gives SLURM_NODELIST in the Prolog; later releases SLURM_JOB_NODELIST.
     out.nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
+    part = env.get("SLURM_JOB_PARTITION", "")
+    out.partition = part if re.match(r"^[A-Za-z0-9_.-]{1,64}$", part) else ""
     mode = env.get("SPANK_TRIAGE")
     if mode is not None:
         mode = mode.strip() or "on"

@@ -8,10 +8,7 @@ Exit non-zero only when the node is unsafe: an unkillable leftover or a hardware
 """
 from __future__ import annotations
 
-import errno
 import os
-import signal
-import stat
 import time
 from typing import Any, Dict, List, Optional
 
@@ -19,6 +16,7 @@ from ..checks import run_checks
 from ..config import Config
 from ..model import Finding, Verdict, worst
 from ..snapshot import preload_sinks, take
+from .cleanup import KILL_WAIT_SECONDS, kill_leftovers, remove_ipc_files
 from .common import conclude, deliver_logged, internal_errors, publish, run_hook
 from .env import JobEnv
 from .prolog import grouping, job_gpu_uuids
@@ -26,8 +24,16 @@ from .prolog import grouping, job_gpu_uuids
 LIVE_PHASES = ("prolog", "watch")
 
 
+COUNTERS = ("energy_joules", "ecc_uncorrected_volatile", "ecc_uncorrected_aggregate")
+"""Fields that only grow, except when the driver reloads or the GPU is reset."""
+
+
 def gpu_diff(base: Optional[Dict[str, Any]], end: Optional[Dict[str, Any]], uuids: List[str]) -> Dict[str, Any]:
-    """Per job GPU: what changed between the Prolog's snapshot and now."""
+    """Per job GPU: what changed between the Prolog's snapshot and now.
+
+    A counter that went backwards was reset (driver reload, GPU reset) during the job: its
+    difference means nothing, so it is None and ``counter_reset`` names it, never a
+    negative figure."""
     b = {g.get("uuid"): g for g in ((base or {}).get("gpus") or [])}
     e = {g.get("uuid"): g for g in ((end or {}).get("gpus") or [])}
     out: Dict[str, Any] = {}
@@ -37,8 +43,13 @@ def gpu_diff(base: Optional[Dict[str, Any]], end: Optional[Dict[str, Any]], uuid
             out[u] = {"missing_at": "end" if g1 is None else "start"}
             continue
 
+        reset: List[str] = []
+
         def delta(key: str) -> Optional[float]:
             if g0.get(key) is None or g1.get(key) is None:
+                return None
+            if key in COUNTERS and g1[key] < g0[key]:
+                reset.append(key)
                 return None
             return g1[key] - g0[key]
 
@@ -54,6 +65,8 @@ def gpu_diff(base: Optional[Dict[str, Any]], end: Optional[Dict[str, Any]], uuid
             "clock_event_names_at_end": g1.get("clock_event_names") or [],
             "lost": bool(g1.get("lost")),
         }
+        if reset:
+            out[u]["counter_reset"] = reset
     return out
 
 
@@ -65,75 +78,63 @@ def only_new_kernel_events(base: Optional[Dict[str, Any]], now: Optional[Dict[st
 
 
 def job_leftovers(procs: Optional[Dict[str, Any]], env: JobEnv) -> List[Dict[str, Any]]:
-    """Processes of this job still alive on this node (in the lab all nodes share /proc)."""
+    """Processes of this job still alive on this node (in the lab all nodes share /proc).
+
+    A job id read from an environment is the process owner's claim: any user can export
+    another job's SLURM_JOB_ID, so such a process counts only when it runs as the job's uid.
+    """
     out = []
     for p in (procs or {}).get("processes", []):
         if p.get("job_id") == env.job_id and p.get("node") in (None, env.node):
+            if p.get("job_source") == "environ" and p.get("uid") != env.uid:
+                continue
             if p.get("pid") != os.getpid():
                 out.append(p)
     return out
-
-
-def _alive(pid: int, start_time: Optional[float]) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            st = fh.read()
-    except OSError:
-        return False
-    state = st[st.rfind(b")") + 2:st.rfind(b")") + 3]
-    return state != b"Z"
-
-
-def kill_leftovers(cfg: Config, env: JobEnv, procs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """SIGTERM, grace, SIGKILL; only processes of the job's own uid. Returns survivors."""
-    targets = [p for p in procs if env.uid is not None and p.get("uid") == env.uid and env.uid != 0]
-    for p in targets:
-        try:
-            os.kill(p["pid"], signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + cfg.get("hooks", "cleanup_grace_seconds")
-    while time.monotonic() < deadline and any(_alive(p["pid"], p.get("start_time")) for p in targets):
-        time.sleep(0.05)
-    for p in targets:
-        if _alive(p["pid"], p.get("start_time")):
-            try:
-                os.kill(p["pid"], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    time.sleep(0.2)
-    return [p for p in targets if _alive(p["pid"], p.get("start_time"))]
-
-
-def remove_ipc_files(files: List[Dict[str, Any]], uid: int) -> List[str]:
-    """Unlink regular files owned by ``uid`` inside their scanned directory, never via a link."""
-    removed = []
-    for f in files:
-        d, name = f.get("dir"), f.get("name")
-        if not d or not name or "/" in name or name in (".", ".."):
-            continue
-        try:
-            dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        except OSError:
-            continue
-        try:
-            st = os.lstat(name, dir_fd=dfd)
-            if st.st_uid != uid or not stat.S_ISREG(st.st_mode):
-                continue
-            os.unlink(name, dir_fd=dfd)
-            removed.append(os.path.join(d, name))
-        except OSError as e:
-            if e.errno != errno.ENOENT:
-                raise
-        finally:
-            os.close(dfd)
-    return removed
 
 
 def _user_has_other_job(procs: Dict[str, Any], env: JobEnv) -> bool:
     running = set(procs.get("running_jobs", []))
     return any(p.get("uid") == env.uid and p.get("job_id") in running and p.get("job_id") != env.job_id
                for p in procs.get("processes", []))
+
+
+def clean_up(cfg: Config, env: JobEnv, procs: Dict[str, Any], leftovers: List[Dict[str, Any]],
+             started: float, findings: List[Finding]) -> Dict[str, Any]:
+    """Kill this job's leftovers and remove its IPC files when configured; findings for what
+    could not be done. ``killed`` lists only processes that were signalled and are gone."""
+    cleanup: Dict[str, Any] = {}
+    if not cfg.get("hooks", "cleanup"):
+        return cleanup
+    if leftovers:
+        done = kill_leftovers(leftovers, env.uid, cfg.get("hooks", "cleanup_grace_seconds"))
+        cleanup["killed"] = done["killed"]
+        for p in done["survivors"]:
+            stuck = p.get("state") == "D"
+            findings.append(Finding(
+                id="leftover.unkillable", verdict=Verdict.FAIL, hardware=True, pid=p["pid"],
+                summary=(f"job {env.job_id} process {p['pid']} ({p['comm']}) still there {KILL_WAIT_SECONDS:g} s "
+                         f"after SIGKILL" + (" (state D: stuck in the kernel)" if stuck else f" (state {p.get('state')})")),
+                evidence={"state": p.get("state"), "job_id": env.job_id, "kill_wait_seconds": KILL_WAIT_SECONDS},
+                action="the process is stuck in the kernel (often a GPU driver wait): reboot the node"))
+        for e in done["errors"]:
+            findings.append(Finding(
+                id="leftover.cleanup", verdict=Verdict.WARN, pid=e["pid"],
+                summary=f"job {env.job_id} process {e['pid']} could not be signalled: {e['error']}",
+                evidence={"job_id": env.job_id, **e}, action="look at the process by hand"))
+    if env.uid not in (None, 0) and not _user_has_other_job(procs, env):
+        mine = [f for f in procs.get("ipc_files", []) if f.get("uid") == env.uid and not f.get("symlink")
+                and (f.get("mtime") or 0) >= started - 1]
+        cleanup["removed"], errors = remove_ipc_files(mine, env.uid)
+        if errors:
+            cleanup["remove_errors"] = errors
+            findings.append(Finding(
+                id="leftover.cleanup", verdict=Verdict.WARN,
+                summary=(f"job {env.job_id}: {len(errors)} IPC file(s) could not be removed, e.g. "
+                         f"{errors[0]['path']}: {errors[0]['error']}"),
+                evidence={"job_id": env.job_id, "count": len(errors), "files": errors[:10]},
+                action="remove them by hand (a name swapped for a directory, an immutable file)"))
+    return cleanup
 
 
 def epilog(cfg: Config, env: JobEnv) -> int:
@@ -149,22 +150,7 @@ def epilog(cfg: Config, env: JobEnv) -> int:
     diff = gpu_diff(base_snap.get("gpu"), snap.get("gpu"), uuids)
     leftovers = job_leftovers(snap.get("procs"), env)
     findings = run_checks(snap, cfg)
-    cleanup: Dict[str, Any] = {}
-    if leftovers and cfg.get("hooks", "cleanup"):
-        survivors = kill_leftovers(cfg, env, leftovers)
-        cleanup["killed"] = [p["pid"] for p in leftovers if p not in survivors]
-        for p in survivors:
-            findings.append(Finding(
-                id="leftover.unkillable", verdict=Verdict.FAIL, hardware=True, pid=p["pid"],
-                summary=f"job {env.job_id} process {p['pid']} ({p.get('comm', '?')}) survived SIGKILL",
-                evidence={"state": p.get("state"), "job_id": env.job_id},
-                action="the process is stuck in the kernel (often a GPU driver wait): reboot the node"))
-    procs = snap.get("procs") or {}
-    if cfg.get("hooks", "cleanup") and env.uid not in (None, 0) and not _user_has_other_job(procs, env):
-        started = base_snap.get("time") or 0
-        mine = [f for f in procs.get("ipc_files", []) if f.get("uid") == env.uid and not f.get("symlink")
-                and (f.get("mtime") or 0) >= started - 1]
-        cleanup["removed"] = remove_ipc_files(mine, env.uid)
+    cleanup = clean_up(cfg, env, snap.get("procs") or {}, leftovers, base_snap.get("time") or 0, findings)
     verdict = worst(f.verdict for f in findings)
     record = {"job_id": env.job_id, "node": env.node, "triage": env.triage, "verdict": verdict.value,
               "gpu_diff": diff,
@@ -180,18 +166,21 @@ def epilog(cfg: Config, env: JobEnv) -> int:
 
 def _push(cfg: Config, env: JobEnv, snap: Dict[str, Any], findings: List[Finding],
           record: Dict[str, Any], seconds: float) -> None:
+    from ..breaker import suppressed_total
     from ..sinks.exposition import render
-    from ..sinks.spool import stats
+    from ..sinks.spool import Op, stats
 
     extra = {"hook_duration_seconds": seconds, "internal_errors": internal_errors(cfg),
-             "leftover_processes": len(record["leftovers"]), **stats(cfg)}
-    # One "last_job" group per node, replaced by each Epilog: the Pushgateway stays bounded
-    # (it never forgets on its own) while Prometheus keeps every job's summary by its label.
-    key = {"job": "slurm_triage", "instance": env.node, "phase": "last_job"}
-    deliver_logged(cfg, "epilog", env, key, render(snap, findings, extra, gpu_diff=record["gpu_diff"],
-                                                   labels={"slurm_job_id": env.job_id}))
-    for phase in LIVE_PHASES:
-        deliver_logged(cfg, "epilog", env, grouping(env, phase), delete=True)
+             "leftover_processes": len(record["leftovers"]), "drain_suppressed": suppressed_total(cfg),
+             **stats(cfg)}
+    # Each job's summary has a group of its own, so a spool replayed after an outage still
+    # gives Prometheus every job; a later Epilog deletes it after pushgateway.result_keep_seconds
+    # (the Pushgateway never forgets on its own). The live groups go in the same batch,
+    # within one push budget.
+    body = render(snap, findings, extra, gpu_diff=record["gpu_diff"], labels={"slurm_job_id": env.job_id})
+    ops = [Op(grouping(env, "last_job"), body, keep_seconds=cfg.get("pushgateway", "result_keep_seconds"))]
+    ops += [Op(grouping(env, phase)) for phase in LIVE_PHASES]
+    deliver_logged(cfg, "epilog", env, ops)
 
 
 def main() -> int:

@@ -58,13 +58,15 @@ def _push(cfg: Config, env: JobEnv, snap: Dict[str, Any], findings: List[Finding
           record: Dict[str, Any], seconds: float) -> None:
     """The job's live group stays lean (verdict, findings, peer figures: what the gang gate
     reads for every node in one query); per-GPU series go to the textfile collector."""
+    from ..breaker import suppressed_total
     from ..sinks import peer_metrics
     from ..sinks.exposition import render
-    from ..sinks.spool import stats
+    from ..sinks.spool import Op, stats
 
-    extra = {"hook_duration_seconds": seconds, "internal_errors": internal_errors(cfg), **stats(cfg)}
+    extra = {"hook_duration_seconds": seconds, "internal_errors": internal_errors(cfg),
+             "drain_suppressed": suppressed_total(cfg), **stats(cfg)}
     body = render(snap, findings, extra, gpus=False, more=peer_metrics.families(record.get("peer")))
-    deliver_logged(cfg, "prolog", env, grouping(env, "prolog"), body)
+    deliver_logged(cfg, "prolog", env, [Op(grouping(env, "prolog"), body)])
 
 
 def grouping(env: JobEnv, phase: str) -> Dict[str, str]:

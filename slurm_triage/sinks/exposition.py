@@ -53,6 +53,7 @@ EXTRA: Dict[str, Tuple[str, bool, str]] = {
     "spool_dropped": ("spool_dropped", True, "Spooled pushes dropped (spool full or rejected)."),
     "hook_duration_seconds": ("hook_duration_seconds", False, "Wall time of the hook that pushed this group."),
     "leftover_processes": ("leftover_processes", False, "Processes of the job still alive at its Epilog."),
+    "drain_suppressed": ("drain_suppressed", True, "Drains of this node the circuit breaker held back ([drain] max_nodes/max_fraction)."),
 }
 # gpu_diff keys of the Epilog's job summary: (metric suffix, key, help).
 JOB_GPU: Sequence[Tuple[str, str, str]] = (

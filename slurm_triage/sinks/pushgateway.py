@@ -3,7 +3,9 @@
 ``requests`` is imported only when a request is actually made: importing it costs
 ~170 ms, which the Prolog must not pay on nodes that do not push. A down gateway costs
 at most ``timeout * (retries + 1)`` seconds per call: every attempt and every jittered
-pause is cut to fit that one budget.
+pause is cut to fit that one budget. Only a request that surely did not arrive (no
+connection, or an HTTP answer that refused it) is retried: a timed-out one may still be
+applied by a hung gateway, and resending it is how one DELETE got delivered 12 times.
 """
 from __future__ import annotations
 
@@ -20,14 +22,44 @@ _PLAIN = re.compile(r"[A-Za-z0-9_.-]+")
 _LABEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-class PushError(Exception):
-    """A push or delete that did not succeed; ``status`` is None when no HTTP answer came."""
+REFUSED, UNANSWERED, DROPPED, HTTP = "refused", "unanswered", "dropped", "http"
 
-    def __init__(self, message: str, status: Optional[int] = None, retryable: bool = True):
+
+class PushError(Exception):
+    """A push or delete that did not succeed; ``status`` is None when no HTTP answer came.
+
+    ``kind`` says whether the gateway may have acted on it: ``refused`` (no connection, the
+    request never left), ``unanswered`` (sent, no answer in time: a hung or black-holed
+    gateway may still apply it later), ``dropped`` (sent, connection closed or garbage
+    back), ``http`` (an answer with ``status``).
+    """
+
+    def __init__(self, message: str, status: Optional[int] = None, retryable: bool = True,
+                 kind: str = HTTP):
         super().__init__(message)
         self.status = status
         self.retryable = retryable
         """False for a 4xx answer: sending the same request again cannot succeed."""
+        self.kind = kind
+
+    @property
+    def ambiguous(self) -> bool:
+        """The gateway may have applied it: sending it again could deliver it twice."""
+        return self.kind in (UNANSWERED, DROPPED)
+
+
+def _kind(e: Exception) -> str:
+    import requests
+
+    if isinstance(e, requests.exceptions.ConnectTimeout):
+        return REFUSED
+    if isinstance(e, requests.exceptions.Timeout):
+        return UNANSWERED
+    text = str(e)
+    if isinstance(e, requests.exceptions.ConnectionError) and (
+            "NewConnectionError" in text or "Failed to establish" in text or "Connection refused" in text):
+        return REFUSED
+    return DROPPED
 
 
 def grouping_key(node: str, job_id: Optional[str] = None, job: str = DEFAULT_JOB) -> Dict[str, str]:
@@ -76,7 +108,9 @@ def _request(method: str, url: str, grouping: Dict[str, str], body: Optional[byt
                 resp = session.request(method, target, data=body, headers=headers,
                                        timeout=min(timeout, left), allow_redirects=False)
             except requests.RequestException as e:
-                last = PushError(f"{method} {target}: {type(e).__name__}: {e}")
+                last = PushError(f"{method} {target}: {type(e).__name__}: {e}", kind=_kind(e))
+                if last.ambiguous:
+                    break  # it may have arrived: a resend now could apply it twice
             else:
                 if 200 <= resp.status_code < 300:
                     return resp.status_code

@@ -4,10 +4,20 @@ A down gateway must neither block a hook nor lose what it meant to say. Each fai
 operation becomes one file named ``<time_ns>-<pid>.json`` (lexical order == creation
 order, enforced under the lock even if the wall clock steps back), written atomically.
 Replay stops at the first failure so order holds; an entry is deleted only after a 2xx.
-A later PUT or DELETE of the same group replaces the whole group, so older entries for
-that group are dropped unsent as superseded. An flock on ``.lock`` keeps two hooks from
-sending the same entry twice. The directory is bounded: overflow drops the oldest and
-counts it in ``dropped`` so a metric can report the loss.
+A later PUT or DELETE of the *same* group replaces it, so older entries for that group
+are dropped unsent as superseded; a job's result has a group of its own (the job id is in
+its key), so results never supersede each other and each one reaches Prometheus.
+An flock on ``.lock`` keeps two hooks from sending the same entry twice. The directory is
+bounded by count and bytes: only at the bound is the oldest dropped, and counted in
+``dropped`` so a metric reports the loss. An entry is dropped as poison only on a 4xx
+answer, or (Pushgateway 1.11, #766) when the gateway keeps cutting that one request
+while it answers its readiness probe; a 5xx or a timeout never makes an entry poison.
+
+After a request that got no answer (a hung or black-holed gateway may apply it later),
+an ``unanswered`` marker makes later calls ask ``/-/ready`` first and send nothing
+until it answers, so one stuck gateway costs one probe per hook, not duplicate writes.
+A result group is deleted ``keep_seconds`` after it was delivered (``delivered-results``
+remembers when), once Prometheus has had time to scrape it: the gateway stays bounded.
 """
 from __future__ import annotations
 
@@ -22,24 +32,46 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ..config import Config
 from .atomic import write_atomic
-from .pushgateway import DEFAULT_JOB, PushError, push, ready
+from .pushgateway import DEFAULT_JOB, DROPPED, PushError, push, ready
 from .pushgateway import delete as delete_group  # "delete" is deliver()'s flag
 
 SCHEMA = 1
 LOCK_FILE = ".lock"
 DROPPED_FILE = "dropped"
+UNANSWERED_FILE = "unanswered"
+RESULTS_FILE = "delivered-results"
 SUFFIX = ".json"
-# An entry that failed this many flushes while the gateway itself answers is poison (e.g.
-# Pushgateway 1.11 drops the connection instead of its 400 for inconsistent metrics,
-# prometheus/pushgateway#766): it is dropped and counted so it cannot wedge the spool.
+# An entry whose request the gateway cut this many times while it answers its readiness
+# probe is poison (Pushgateway 1.11 drops the connection instead of its 400 for
+# inconsistent metrics, prometheus/pushgateway#766): dropped and counted, so it cannot
+# wedge the spool. Timeouts and 5xx answers never count: the gateway is sick, not the entry.
 POISON_ATTEMPTS = 5
+PROBE_SECONDS = 1.0  # /-/ready of a gateway that answers comes back in milliseconds
+MIN_ATTEMPT_SECONDS = 1.0
+"""No request starts with less budget left: cut short, a slow gateway's answer would come too
+late for a PUT it applies anyway, and the replay would send it a second time."""
+
+
+@dataclass
+class Op:
+    """One operation on a group: PUT ``body``, or DELETE when ``body`` is None."""
+    grouping: Dict[str, str]
+    body: Optional[bytes] = None
+    keep_seconds: Optional[float] = None
+    """A job's result: its group is deleted this long after it was delivered."""
+    own: bool = True
+    """False for the spool's own housekeeping (expired result groups)."""
+
+    @property
+    def method(self) -> str:
+        return "DELETE" if self.body is None else "PUT"
 
 
 @dataclass
 class FlushResult:
     sent: int = 0
     dropped: int = 0
-    """Entries the gateway rejected for good (4xx) or that could not be read."""
+    """Entries the gateway rejected for good (4xx, poison) or that could not be read."""
     superseded: int = 0
     pending: int = 0
     error: str = ""
@@ -48,24 +80,30 @@ class FlushResult:
 @dataclass
 class DeliveryResult:
     delivered: bool = False
-    """This call's own operation reached the gateway."""
+    """Every one of this call's own operations reached the gateway."""
     sent: int = 0
     """Successful requests, replayed entries included."""
     spooled: int = 0
     dropped: int = 0
-    """Operations lost by this call: spool overflow, rejected by the gateway, unwritable spool."""
+    """Operations lost by this call: spool bound, rejected by the gateway, unwritable spool."""
     pending: int = 0
     """Entries left in the spool afterwards."""
     error: str = ""
+    own_sent: int = 0
+    """How many of the caller's operations were sent (they go first, in order)."""
 
 
 def _group(grouping: Dict[str, str]) -> Tuple[Tuple[str, str], ...]:
     return tuple(sorted({"job": DEFAULT_JOB, **{k: str(v) for k, v in grouping.items()}}.items()))
 
 
+def _left(deadline: float) -> float:
+    return deadline - time.monotonic()
+
+
 class Spool:
-    def __init__(self, directory: str, max_files: int):
-        self.directory, self.max_files = directory, max_files
+    def __init__(self, directory: str, max_files: int, max_bytes: int = 1 << 62):
+        self.directory, self.max_files, self.max_bytes = directory, max_files, max_bytes
 
     def _path(self, name: str) -> str:
         return os.path.join(self.directory, name)
@@ -113,18 +151,33 @@ class Spool:
         finally:
             os.close(fd)  # releases the flock
 
+    def _size(self, name: str) -> int:
+        try:
+            return os.stat(self._path(name)).st_size
+        except FileNotFoundError:
+            return 0
+
     def append(self, method: str, grouping: Dict[str, str], body: Optional[bytes],
-               locked: bool = True) -> int:
+               locked: bool = True, keep_seconds: Optional[float] = None) -> int:
         """Spool one operation; returns how many old entries were dropped to make room.
 
         ``locked=False`` (the lock was busy): write the entry anyway, after everything
         present, and leave the bound to the next locked run.
         """
         names = self.entries()
+        entry = {"schema": SCHEMA, "method": method, "grouping": dict(grouping),
+                 "body_b64": None if body is None else base64.b64encode(body).decode("ascii"),
+                 "created": time.time(), "attempts": 0}
+        if keep_seconds is not None:
+            entry["keep_seconds"] = keep_seconds
+        data = json.dumps(entry, sort_keys=True).encode()
         dropped = 0
         if locked:
-            while len(names) >= self.max_files:
-                os.unlink(self._path(names.pop(0)))
+            total = sum(self._size(n) for n in names) + len(data)
+            while names and (len(names) >= self.max_files or total > self.max_bytes):
+                oldest = names.pop(0)
+                total -= self._size(oldest)
+                os.unlink(self._path(oldest))
                 dropped += 1
             self._count_dropped(dropped)
         ns = time.time_ns()
@@ -135,10 +188,7 @@ class Spool:
             if not os.path.exists(self._path(name)):
                 break
             ns += 1
-        entry = {"schema": SCHEMA, "method": method, "grouping": dict(grouping),
-                 "body_b64": None if body is None else base64.b64encode(body).decode("ascii"),
-                 "created": time.time(), "attempts": 0}
-        write_atomic(self._path(name), json.dumps(entry, sort_keys=True).encode())
+        write_atomic(self._path(name), data)
         return dropped
 
     def _load(self, name: str) -> Optional[Dict[str, Any]]:
@@ -151,16 +201,72 @@ class Spool:
             pass
         return None
 
+    # -- a gateway that did not answer -------------------------------------------------
+    def mark_unanswered(self) -> None:
+        try:
+            write_atomic(self._path(UNANSWERED_FILE), f"{time.time()}\n".encode(), fsync=False)
+        except OSError:
+            pass
+
+    def gateway_answers(self, url: str, timeout: float) -> bool:
+        """False while an earlier request went unanswered and ``/-/ready`` still does not
+        answer: then nothing is sent, so a hung gateway does not queue duplicates."""
+        if not os.path.exists(self._path(UNANSWERED_FILE)):
+            return True
+        if timeout <= 0 or not ready(url, min(timeout, PROBE_SECONDS)):
+            return False
+        try:
+            os.unlink(self._path(UNANSWERED_FILE))
+        except FileNotFoundError:
+            pass
+        return True
+
+    # -- results kept in the gateway for a while ---------------------------------------
+    def _results(self) -> List[Dict[str, Any]]:
+        try:
+            with open(self._path(RESULTS_FILE), "rb") as fh:
+                data = json.load(fh)
+            return [r for r in data if isinstance(r, dict) and isinstance(r.get("grouping"), dict)]
+        except (OSError, ValueError, TypeError):
+            return []
+
+    def remember(self, grouping: Dict[str, str], keep_seconds: float) -> None:
+        """Note a delivered result group, to delete it ``keep_seconds`` from now (best effort:
+        on a full disk the group just stays in the gateway)."""
+        results = [r for r in self._results() if _group(r["grouping"]) != _group(grouping)]
+        results.append({"grouping": dict(grouping), "expires": time.time() + keep_seconds})
+        try:
+            write_atomic(self._path(RESULTS_FILE), json.dumps(results, sort_keys=True).encode(), fsync=False)
+        except OSError:
+            pass
+
+    def take_expired(self) -> List[Op]:
+        """DELETEs of result groups whose time is up (and of the oldest beyond the count
+        bound); they leave the list now and are sent or spooled like any operation."""
+        results = sorted(self._results(), key=lambda r: float(r.get("expires") or 0))
+        now = time.time()
+        cut = max(0, len(results) - self.max_files)
+        due = [r for i, r in enumerate(results) if i < cut or float(r.get("expires") or 0) <= now]
+        if not due:
+            return []
+        rest = [r for r in results if r not in due]
+        try:
+            write_atomic(self._path(RESULTS_FILE), json.dumps(rest, sort_keys=True).encode(), fsync=False)
+        except OSError:
+            return []  # they stay listed and expire on a later run
+        return [Op(dict(r["grouping"]), own=False) for r in due]
+
+    # -- replay ------------------------------------------------------------------------
     def flush(self, url: str, timeout: float, retries: int, budget: Optional[float] = None) -> FlushResult:
         """Replay entries oldest first; call with the lock held.
 
-        Stops at the first retryable failure (entry kept, its attempt count raised) or
-        when ``budget`` seconds have passed; a 4xx answer drops that entry (retrying the
-        same bytes cannot succeed, and it must not wedge the spool), and so does an entry
-        that failed POISON_ATTEMPTS times while the gateway answers its readiness probe.
+        Stops at the first retryable failure (entry kept) or when ``budget`` seconds have
+        passed; a 4xx answer drops that entry (retrying the same bytes cannot succeed, and
+        it must not wedge the spool), and so does an entry whose request the gateway cut
+        POISON_ATTEMPTS times while it answers its readiness probe.
         """
         res = FlushResult()
-        start = time.monotonic()
+        deadline = time.monotonic() + (budget if budget is not None else float("inf"))
         loaded: List[Tuple[str, Dict[str, Any]]] = []
         for name in self.entries():
             e = self._load(name)
@@ -183,14 +289,15 @@ class Spool:
             todo.append((name, e))
         todo.reverse()
         for i, (name, e) in enumerate(todo):
-            if budget is not None and time.monotonic() - start >= budget:
+            left = _left(deadline)
+            if left < min(timeout / 2, MIN_ATTEMPT_SECONDS):
                 res.pending = len(todo) - i
                 break
             try:
                 if e["method"] == "DELETE":
-                    delete_group(url, e["grouping"], timeout, retries)
+                    delete_group(url, e["grouping"], min(timeout, left), retries)
                 else:
-                    push(url, e["grouping"], base64.b64decode(e["body_b64"] or ""), timeout, retries,
+                    push(url, e["grouping"], base64.b64decode(e["body_b64"] or ""), min(timeout, left), retries,
                          method=e["method"])
             except PushError as err:
                 res.error = str(err)
@@ -198,24 +305,34 @@ class Spool:
                     os.unlink(self._path(name))
                     res.dropped += 1
                     continue
-                e["attempts"] = int(e.get("attempts", 0)) + 1
-                if e["attempts"] >= POISON_ATTEMPTS and ready(url, timeout):
-                    os.unlink(self._path(name))
-                    res.dropped += 1
-                    res.error = f"dropped after {e['attempts']} failures while the gateway is up: {err}"
-                    continue
-                write_atomic(self._path(name), json.dumps(e, sort_keys=True).encode())
+                if err.kind == DROPPED:
+                    e["attempts"] = int(e.get("attempts", 0)) + 1
+                    if e["attempts"] >= POISON_ATTEMPTS and ready(url, min(timeout, PROBE_SECONDS)):
+                        os.unlink(self._path(name))
+                        res.dropped += 1
+                        res.error = f"dropped after {e['attempts']} cut requests while the gateway is up: {err}"
+                        continue
+                    try:
+                        write_atomic(self._path(name), json.dumps(e, sort_keys=True).encode())
+                    except OSError:
+                        pass  # a full disk: the count starts again, the entry stays
+                if err.ambiguous:
+                    self.mark_unanswered()
                 res.pending = len(todo) - i
                 break
             os.unlink(self._path(name))
             res.sent += 1
+            if e.get("keep_seconds") is not None:
+                self.remember(e["grouping"], float(e["keep_seconds"]))
         self._count_dropped(res.dropped)
         return res
 
 
 def _spool_of(cfg: Config) -> Optional[Spool]:
     directory = cfg.get("node", "spool_dir")
-    return Spool(directory, cfg.get("node", "spool_max_files")) if directory else None
+    if not directory:
+        return None
+    return Spool(directory, cfg.get("node", "spool_max_files"), cfg.get("node", "spool_max_bytes"))
 
 
 def stats(cfg: Config) -> Dict[str, int]:
@@ -229,73 +346,113 @@ def stats(cfg: Config) -> Dict[str, int]:
         return {"spooled_pushes": 0, "spool_dropped": 0}
 
 
-def _send(url: str, method: str, grouping: Dict[str, str], body: Optional[bytes],
-          timeout: float, retries: int) -> None:
-    if method == "DELETE":
-        delete_group(url, grouping, timeout, retries)
+def _send(url: str, op: Op, timeout: float, retries: int) -> None:
+    if op.body is None:
+        delete_group(url, op.grouping, timeout, retries)
     else:
-        push(url, grouping, body or b"", timeout, retries, method=method)
+        push(url, op.grouping, op.body, timeout, retries)
 
 
 def deliver(cfg: Config, grouping: Dict[str, str], body: Optional[bytes] = None,
-            delete: bool = False) -> DeliveryResult:
-    """PUT ``body`` to (or DELETE) the group, replaying the spool first; never raises for
-    network or spool trouble: the result says what happened (fail open).
-
-    While older entries remain spooled, the new operation is spooled behind them rather
-    than sent, so a group never goes back to older content. A down gateway costs about
-    ``timeout * (retries + 1)`` once per call, not once per entry.
-    """
+            delete: bool = False, keep_seconds: Optional[float] = None,
+            budget: Optional[float] = None) -> DeliveryResult:
+    """PUT ``body`` to (or DELETE) the group; see deliver_all."""
     if (body is None) != delete:
         raise ValueError("deliver needs a body to push, or delete=True without one")
+    return deliver_all(cfg, [Op(dict(grouping), body, keep_seconds)], budget)
+
+
+def deliver_all(cfg: Config, ops: List[Op], budget: Optional[float] = None) -> DeliveryResult:
+    """Replay the spool, then send ``ops`` in order, all within ``budget`` seconds (default
+    ``timeout * (retries + 1)``); what is not sent by then is spooled. Never raises for
+    network or spool trouble: the result says what happened (fail open).
+
+    While older entries remain spooled, new operations are spooled behind them rather
+    than sent, so a group never goes back to older content.
+    """
     res = DeliveryResult()
     url = cfg.get("pushgateway", "url")
-    if not url:
+    if not url or not ops:
         return res
     timeout, retries = cfg.get("pushgateway", "timeout_seconds"), cfg.get("pushgateway", "retries")
-    method = "DELETE" if delete else "PUT"
+    deadline = time.monotonic() + (budget if budget is not None else timeout * (retries + 1))
     sp = _spool_of(cfg)
     errors: List[str] = []
+    own = len(ops)
     if sp is not None:
-        inside = False
         try:
-            with sp.locked(wait=timeout) as got:
-                inside = True
-                if got:
-                    fr = sp.flush(url, timeout, retries, budget=timeout * (retries + 1))
-                    res.sent, res.dropped = fr.sent, fr.dropped
-                    errors.append(fr.error)
-                    if fr.pending == 0:
-                        try:
-                            _send(url, method, grouping, body, timeout, retries)
-                            res.delivered, res.sent = True, res.sent + 1
-                            return _finish(res, errors)
-                        except PushError as e:
-                            errors.append(str(e))
-                            if not e.retryable:
-                                res.dropped += 1
-                                return _finish(res, errors)
-                else:
-                    errors.append(f"spool {sp.directory} busy: queued behind the running flush")
-                res.dropped += sp.append(method, grouping, body, locked=got)
-                res.spooled = 1
-                res.pending = len(sp.entries())
-                return _finish(res, errors)
+            with sp.locked(wait=min(timeout, max(0.0, _left(deadline)))) as got:
+                return _finish(_through_spool(sp, url, timeout, retries, deadline, ops, got, res, errors), errors, own)
         except OSError as e:
-            if inside:  # the spool broke midway: sending now could overtake older entries
-                res.dropped += 1
+            if res.sent or res.spooled:  # the spool broke midway; the rest goes out directly
                 errors.append(f"spool {sp.directory}: {e}")
-                return _finish(res, errors)
-            errors.append(f"spool {sp.directory} unusable ({e}); sending without it")
-    try:
-        _send(url, method, grouping, body, timeout, retries)
-        res.delivered, res.sent = True, res.sent + 1
-    except PushError as e:
-        res.dropped += 1
-        errors.append(str(e))
-    return _finish(res, errors)
+            else:
+                errors.append(f"spool {sp.directory} unusable ({e}); sending without it")
+            ops = ops[res.own_sent:]  # what was not sent goes out directly, even if a copy is spooled
+    _send_direct(url, timeout, retries, deadline, ops, res, errors, None)
+    return _finish(res, errors, own)
 
 
-def _finish(res: DeliveryResult, errors: List[str]) -> DeliveryResult:
+def _through_spool(sp: Spool, url: str, timeout: float, retries: int, deadline: float, ops: List[Op],
+                   got: bool, res: DeliveryResult, errors: List[str]) -> DeliveryResult:
+    if not got:
+        errors.append(f"spool {sp.directory} busy: queued behind the running flush")
+        _spool_rest(sp, ops, res, errors, locked=False)
+        return res
+    ops = ops + sp.take_expired()
+    if not sp.gateway_answers(url, _left(deadline)):
+        errors.append(f"{url} did not answer earlier and /-/ready does not answer now: spooled unsent")
+        _spool_rest(sp, ops, res, errors)
+        return res
+    fr = sp.flush(url, timeout, retries, budget=max(0.0, _left(deadline)))
+    res.sent, res.dropped = fr.sent, fr.dropped
+    errors.append(fr.error)
+    if fr.pending:
+        _spool_rest(sp, ops, res, errors)
+        return res
+    _send_direct(url, timeout, retries, deadline, ops, res, errors, sp)
+    return res
+
+
+def _send_direct(url: str, timeout: float, retries: int, deadline: float, ops: List[Op],
+                 res: DeliveryResult, errors: List[str], sp: Optional[Spool]) -> None:
+    """Send ops in order; with a spool, the first that fails and all after it are spooled."""
+    for i, op in enumerate(ops):
+        left = _left(deadline)
+        try:
+            if left < min(timeout / 2, MIN_ATTEMPT_SECONDS):
+                raise PushError(f"{op.method} {url}: push budget spent")
+            _send(url, op, min(timeout, left), retries)
+        except PushError as e:
+            errors.append(str(e))
+            if not e.retryable:
+                res.dropped += 1
+                continue
+            if e.ambiguous and sp is not None:
+                sp.mark_unanswered()
+            if sp is not None:
+                _spool_rest(sp, ops[i:], res, errors)
+                return
+            res.dropped += 1
+            continue
+        res.sent += 1
+        res.own_sent += op.own
+        if sp is not None and op.keep_seconds is not None:
+            sp.remember(op.grouping, op.keep_seconds)
+
+
+def _spool_rest(sp: Spool, ops: List[Op], res: DeliveryResult, errors: List[str], locked: bool = True) -> None:
+    for op in ops:
+        try:
+            res.dropped += sp.append(op.method, op.grouping, op.body, locked=locked, keep_seconds=op.keep_seconds)
+            res.spooled += 1
+        except OSError as e:
+            res.dropped += 1
+            errors.append(f"spool {sp.directory}: {e}")
+    res.pending = len(sp.entries())
+
+
+def _finish(res: DeliveryResult, errors: List[str], own: int) -> DeliveryResult:
+    res.delivered = res.own_sent == own
     res.error = "; ".join(e for e in errors if e)
     return res

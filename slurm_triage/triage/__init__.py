@@ -7,11 +7,13 @@ with pure rules, rank the root cause first.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import subprocess
 import time
+import zlib
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..config import Config
-from .logs import scan_many
+from .logs import error_lines, expand_paths, scan_many
 from .model import SCHEMA, JobEvidence, LogEvent, TriageFinding
 from .rules import run_job_rules, run_rules
 
@@ -33,11 +35,38 @@ class TriageResult:
                 "sources": self.sources}
 
 
+def first_error_events(paths: Sequence[str], logs: Dict[str, Dict[str, Any]]) -> List[LogEvent]:
+    """The first traceback exception / error line of every readable log (second pass, bounded)."""
+    out: List[LogEvent] = []
+    for i, p in enumerate(paths):
+        if (logs.get(p) or {}).get("read"):
+            try:
+                out += error_lines(p, i)
+            except (OSError, EOFError, zlib.error, subprocess.SubprocessError):
+                continue  # the scan already read it; a second-pass failure only loses the hint
+    return out
+
+
 def triage_logs(paths: Sequence[str], job: Optional[str] = None,
                 progress: Optional[Callable[[str, int], None]] = None) -> TriageResult:
-    """Scan ``paths`` (unreadable ones are recorded in ``sources``, not raised) and rank the findings."""
+    """Scan ``paths`` (unreadable ones are recorded in ``sources``, not raised) and rank the findings;
+    when nothing known matched, the first error lines say something rather than nothing."""
+    paths = expand_paths(paths)
     events, logs = scan_many(paths, progress=progress)
-    return TriageResult(job, run_rules(events), {"logs": logs}, events)
+    findings = run_rules(events)
+    if only_weak(findings):
+        events += first_error_events(paths, logs)
+        findings = run_rules(events)
+    return TriageResult(job, findings, {"logs": logs}, events)
+
+
+WEAK = 0.5
+
+
+def only_weak(findings: List[TriageFinding]) -> bool:
+    """Nothing found, or only weak symptoms (an exposure, a socket reset): then the first error
+    lines are worth reading too (they never outrank what was found)."""
+    return all(f.consequence and f.confidence < WEAK for f in findings)
 
 
 def _window(facts: Any, since: Optional[float], until: Optional[float]) -> Tuple[Optional[float], Optional[float]]:
@@ -71,10 +100,26 @@ def gather_job(cfg: Config, job_id: Optional[str], settings: Dict[str, Any], nod
     if with_hooks and job_id:
         nodes_facts, recs = pushgateway.gather(cfg, settings["pushgateway_url"], job_id, node_list)
         sources.update(recs)
-        found, sources["bundles"] = bundles.gather(cfg.get("watcher", "evidence_dir"), job_id)
+        found, sources["bundles"] = bundles.gather(cfg.get("watcher", "evidence_dir"), job_id, job_uid(facts))
         nodes_facts = pushgateway.merge(nodes_facts, found)
     ev = JobEvidence(job=facts.to_dict() if facts else None, metrics=metrics, nodes=nodes_facts, settings=settings)
     return ev, sources, facts
+
+
+def job_uid(facts: Any) -> Optional[int]:
+    """The job's uid from Slurm's facts (scontrol's UserId, else the user name sacct gives)."""
+    if facts is None:
+        return None
+    if facts.uid is not None:
+        return int(facts.uid)
+    if facts.user:
+        import pwd
+
+        try:
+            return pwd.getpwnam(facts.user).pw_uid
+        except KeyError:
+            return None
+    return None
 
 
 def triage_job(cfg: Config, job_id: Optional[str], logs: Sequence[str] = (), baseline: Optional[str] = None,
@@ -88,13 +133,17 @@ def triage_job(cfg: Config, job_id: Optional[str], logs: Sequence[str] = (), bas
     ev, sources, facts = gather_job(cfg, job_id, s, nodes, since, until, progress=progress)
     # The job's own logs, also when unreadable from here (node-local paths): the sources block says so.
     paths = list(dict.fromkeys(p for p in ((facts.stdout, facts.stderr) if facts else ()) if p))
-    paths += [p for p in logs if p not in paths]
+    paths += [p for p in expand_paths(logs) if p not in paths]
     ev.events, sources["logs"] = scan_many(paths, progress=log_progress)
     if baseline:
         ev.baseline, base_sources, _ = gather_job(cfg, baseline, s, with_hooks=False, progress=progress)
         sources["baseline"] = {"read": bool(ev.baseline.job or ev.baseline.metrics), "job": baseline,
                                **{k: v for k, v in base_sources.items() if not v.get("read")}}
-    result = TriageResult(job_id, run_job_rules(ev), sources, ev.events)
+    findings = run_job_rules(ev)
+    if only_weak(findings):
+        ev.events += first_error_events(paths, sources["logs"])
+        findings = run_job_rules(ev)
+    result = TriageResult(job_id, findings, sources, ev.events)
     result.job_facts = ev.job
     return result
 

@@ -1,5 +1,5 @@
 """`slurm-triage triage [JOBID] [--log PATH ...] [--baseline OTHERJOB] [--since/--until T]
-[--nodes HOSTLIST] [--format text|markdown|json]`.
+[--nodes HOSTLIST] [--format text|markdown|json|html] [--output FILE]`.
 
 Exit codes: 0 nothing found, 1 findings, 2 could not triage (no readable evidence, bad JOBID).
 With a JOBID, Slurm says where and when the job ran and where its logs are; Prometheus, the
@@ -40,14 +40,17 @@ def register(subparsers: Any) -> None:
                     "Exit 0: nothing found, 1: findings, 2: could not triage.")
     p.add_argument("jobid", nargs="?", help="Slurm job id")
     p.add_argument("--log", nargs="+", action="extend", default=[], metavar="PATH",
-                   help="extra log files (plain or gzip); without JOBID only these are triaged")
+                   help="extra log files (plain or gzip) or directories (their *.out, *.err, *.log, *.gz); "
+                        "without JOBID only these are triaged")
     p.add_argument("--baseline", metavar="OTHERJOB", help="another run of the same work to compare with")
     p.add_argument("--since", type=_when, metavar="TIME", help="start of the window (default: the job's start)")
     p.add_argument("--until", type=_when, metavar="TIME", help="end of the window (default: the job's end, or now)")
     p.add_argument("--nodes", metavar="HOSTLIST", help="the job's nodes, when Slurm no longer knows the job")
     p.add_argument("--prometheus", metavar="URL", help="Prometheus to read (default: triage.prometheus_url)")
-    p.add_argument("--format", choices=("text", "markdown", "json"), default="text")
-    p.add_argument("--list-rules", action="store_true", help="list the rules and exit")
+    p.add_argument("--format", choices=("text", "markdown", "json", "html"), default="text",
+                   help="html: one self-contained page with per-node timelines (needs matplotlib)")
+    p.add_argument("--output", metavar="FILE", help="write the report to FILE (atomically) instead of stdout")
+    p.add_argument("--list-rules", action="store_true", help="list the rules and the failure catalog, and exit")
     p.set_defaults(func=run)
 
 
@@ -77,6 +80,27 @@ def _cannot(result: Any, fmt: str, why: str) -> int:
     return EXIT_CANNOT
 
 
+def _emit(text: str, path: Any) -> None:
+    """The report on stdout, or in ``path``: written beside it, then renamed, so no reader sees half."""
+    if not path:
+        sys.stdout.write(text)
+        return
+    import os
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix=".triage-", dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
 def _why(sources: Any) -> str:
     parts = [f"{p}: {s.get('error')}" for p, s in (sources.get("logs") or {}).items() if not s.get("read")]
     parts += [f"{k}: {v.get('error')}" for k, v in sources.items()
@@ -87,10 +111,15 @@ def _why(sources: Any) -> str:
 def run(args: argparse.Namespace) -> int:
     """Entry point of the subcommand; returns the exit code."""
     if args.list_rules:
-        from .rules import JOB_RULES, RULES
+        from .catalog import entries
+        from .rules import JOB_RULES, RULES, structured_rules
 
-        for r in RULES + JOB_RULES:
+        for r in RULES + structured_rules() + JOB_RULES:
             print(f"{r.id:<22} [{','.join(r.categories)}]  {r.doc}")
+        print("\ncatalog (slurm_triage/triage/catalog/*.toml): one entry per failure shape")
+        for e in entries():
+            judge = f"-> {e.handled_by}" if e.handled_by else e.finding_id
+            print(f"{e.id:<26} [{e.category}] {e.role:<7} {e.confidence:.2f} {judge:<22} {e.summary}")
         return EXIT_NONE
     if not args.jobid and not args.log:
         print("triage: give a JOBID and/or --log PATH ...", file=sys.stderr)
@@ -125,5 +154,19 @@ def run(args: argparse.Namespace) -> int:
                             progress=progress.say, log_progress=progress)
         if not evidence_read(result.sources):
             return _cannot(result, args.format, _why(result.sources))
-    sys.stdout.write(RENDERERS[args.format](result))
+    try:
+        if args.format == "html":  # the per-node series are fetched for this format only
+            from .html import render_html
+            from .timeline import build
+
+            text = render_html(result, build(cfg, result, nodes, args.since, args.until) if args.jobid else None)
+        else:
+            text = RENDERERS[args.format](result)
+        _emit(text, args.output)
+    except ImportError as e:
+        print(f"triage: --format html needs matplotlib (pip install 'slurm-triage[html]'): {e}", file=sys.stderr)
+        return EXIT_CANNOT
+    except OSError as e:
+        print(f"triage: cannot write {args.output}: {e}", file=sys.stderr)
+        return EXIT_CANNOT
     return EXIT_FOUND if result.findings else EXIT_NONE

@@ -1,12 +1,13 @@
 """Safe, fast reading of job logs (Slurm stdout/stderr, torchrun, NCCL_DEBUG, kernel log copies).
 
 Logs of long jobs reach gigabytes and may hold binary garbage, NUL bytes, invalid UTF-8,
-megabyte-long lines or be gzip-compressed. Reading is therefore bytes-first: on plain files GNU
-``grep -F`` (absolute path, LC_ALL=C, ``-a`` for binary garbage) finds the lines holding any
-literal needle at several times the speed of Python, and only those lines are parsed here;
-gzip files, and machines without grep, use the pure-Python scanner, which searches each block
-with ``bytes.find`` (C speed, no regex engine). Both paths feed the same line parser, and a test
-holds them to the same events. Nothing here judges; :mod:`slurm_triage.triage.rules` does.
+megabyte-long lines or be gzip-compressed. Reading is therefore bytes-first: GNU ``grep -F``
+(absolute path, LC_ALL=C, ``-a`` for binary garbage, cwd "/", so paths are made absolute first)
+finds the lines holding any literal needle of the failure catalog (:mod:`.catalog`) at about ten
+times the speed of Python, and only those lines are parsed here; a gzip log is decompressed into
+grep's stdin. Machines without grep use the pure-Python scanner, which searches each block with
+``bytes.find`` (C speed, no regex engine, but one pass per needle). Both paths feed the same line
+parser, and a test holds them to the same events. Nothing here judges; :mod:`.rules` does.
 """
 from __future__ import annotations
 
@@ -15,9 +16,13 @@ import gzip
 import os
 import re
 import subprocess
+import threading
+import zlib
 from dataclasses import dataclass, field
-from typing import IO, Callable, Dict, Iterable, List, Optional, Pattern, Tuple
+from typing import IO, Callable, Dict, Iterable, List, Optional, Tuple
 
+from . import catalog
+from .catalog import Entry
 from .model import LogEvent
 
 BLOCK_BYTES = 4 << 20
@@ -30,69 +35,39 @@ _TOOL_ENV = {"LC_ALL": "C", "PATH": "/usr/bin:/bin"}
 
 
 @dataclass(frozen=True)
-class Signature:
-    """A line shape: literal ``needles`` (any one must occur) gate the detailed ``regex``."""
+class _Index:
+    """The catalog as the scanner needs it: needles to search the bytes for, and per entry its gate.
 
-    kind: str
-    needles: Tuple[bytes, ...]
-    regex: Pattern[str]
+    ``exact`` needles are compared as written, ``folded`` ones (entries marked ``nocase``) against
+    the ASCII-lower-cased bytes; a line is a candidate when it holds either kind."""
+
+    entries: Tuple[Entry, ...]
+    exact: Tuple[bytes, ...]
+    folded: Tuple[bytes, ...]
+    gates: Tuple[Tuple[Entry, Tuple[str, ...]], ...]
 
 
-def _sig(kind: str, needles: Tuple[bytes, ...], regex: str) -> Signature:
-    return Signature(kind, needles, re.compile(regex))
+def _index(entries: Tuple[Entry, ...]) -> _Index:
+    exact = sorted({n.encode() for e in entries if not e.nocase for n in e.needles})
+    folded = sorted({n.lower().encode() for e in entries if e.nocase for n in e.needles})
+    gates = tuple((e, tuple(n.lower() if e.nocase else n for n in e.needles)) for e in entries)
+    return _Index(entries, tuple(exact), tuple(folded), gates)
 
 
-# Shapes are taken from real reports; tests/corpus/*/meta.json name the sources. Needles are few
-# long and shared between signatures on purpose: each distinct needle costs one pass over every
-# block, and a short needle ending in a common letter (b"by peer") scans 10x slower than a long one.
-SIGNATURES: Tuple[Signature, ...] = (
-    _sig("watchdog_timeout", (b"Watchdog caught collective",),
-         r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)"
-         r"[^)]*?Timeout\(ms\)=(?P<timeout_ms>\d+)\) ran for (?P<ran_ms>\d+) milli"),
-    _sig("watchdog_progress", (b"detected by watchdog at work",),
-         r"detected by watchdog at work: (?P<seq>\d+), last enqueued NCCL work: (?P<enqueued>-?\d+), "
-         r"last completed NCCL work: (?P<completed>-?\d+)"),
-    _sig("heartbeat_timeout", (b"Heartbeat monitor timed out", b"watchdog got stuck"),
-         r"Heartbeat monitor timed out|watchdog got stuck for (?P<stuck_s>\d+) seconds"),
-    _sig("barrier_timeout", (b"store based barrier",),
-         r"Timed out initializing process group in store based barrier on rank:? (?P<barrier_rank>\d+), "
-         r"for key: (?P<key>\S+) \(world_size=(?P<world_size>\d+), worker_count=(?P<worker_count>\d+), "
-         r"timeout=(?P<timeout>[^)]+)\)"),
-    _sig("ib_completion", (b"completion from peer",),
-         r"Got completion from peer (?P<peer>\S+) with (?:error |status=)(?P<status>\d+),? opcode[= ](?P<opcode>\d+)"
-         r",? len[= ](?P<len>\d+),? vendor err (?P<vendor_err>\d+)(?: \((?P<direction>\w+)\))?"),
-    _sig("addr_in_use", (b"ddress already in use", b"EADDRINUSE"),
-         r"bind to (?P<bind>\S+?) \(errno: 98|EADDRINUSE|[Aa]ddress already in use"),
-    _sig("shm_exhausted", (b"posix_fallocate", b"/dev/shm"),
-         r"posix_fallocate failed\s*:\s*No space left|failed to extend (?P<path>/dev/shm/\S+) to (?P<size>\d+) bytes"
-         r"|Error while creating shared memory segment (?P<segment>\S+)(?: \(size (?P<seg_size>\d+)\))?"
-         r"|unable to allocate shared memory"),
-    _sig("cuda_oom", (b"CUDA",),
-         r"(?:OutOfMemoryError: )?CUDA out of memory\.(?: Tried to allocate (?P<alloc>[\d.]+ [KMGT]?i?B))?(?:.*?\(?GPU (?P<gpu>\d+))?"
-         r"|OutOfMemoryError"),
-    _sig("cuda_error", (b"CUDA", b"cuda runtime error"),
-         r"(?:CUDA error|cuda runtime error \(\d+\)|CUDA_ERROR_\w+)\s*:\s*(?P<msg>an illegal memory access|"
-         r"uncorrectable ECC error|unspecified launch failure|an illegal instruction|misaligned address|"
-         r"hardware stack error|unrecoverable|device-side assert)"),
-    _sig("host_oom", (b"Out of memory: Kill", b"invoked oom-killer"),
-         r"Out of memory: Kill(?:ed)? process (?P<pid>\d+) \((?P<comm>[^)]*)\)|(?P<comm2>\S+) invoked oom-killer"),
-    _sig("cgroup_oom", (b"oom-kill event", b"oom_kill event", b"Out Of Memory"),
-         r"Detected (?P<count>\d+) oom[-_]kill events?(?:\(s\))? in (?:StepId=|step )(?P<step>\w+(?:\.\w+)?)"
-         r"|srun: error: (?P<oom_node>[\w.-]+): tasks? (?P<tasks>[\d,-]+): Out Of Memory"),
-    _sig("slurm_cancel", (b"CANCELLED AT",),
-         r"\*\*\* (?P<what>JOB|STEP) (?P<id>[\w.]+) (?:ON (?P<cancel_node>\S+) )?CANCELLED AT (?P<at>\S+)"
-         r"(?: DUE TO (?P<reason>[A-Z_ ]+?))?(?: on (?P<cancel_node2>\S+))? \*\*\*"),
-    _sig("xid", (b"NVRM",),
-         r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F:.]+)\): (?P<xid>\d+)(?:, (?P<detail>.*))?"),
-    _sig("fallen_off_bus", (b"NVRM",), r"fallen off the bus"),
-    _sig("conn_reset", (b"Connection reset by peer", b"Connection closed by peer", b"remote process exited"),
-         r"Connection reset by peer|Connection closed by peer|remote process exited or there was a network error"),
-    _sig("nccl_rank", (b"Init COMPLETE",),
-         r"NCCL INFO comm 0x[0-9a-f]+ rank (?P<comm_rank>\d+) nranks (?P<nranks>\d+) cudaDev (?P<dev>\d+)"),
-)
+# Needles should be long and shared between entries: each distinct needle costs one pass over
+# every block in the pure-Python scanner, and a short needle ending in a common letter
+# (b"by peer") scans 10x slower than a long one.
+INDEX = _index(catalog.entries())
+NEEDLES: Tuple[bytes, ...] = INDEX.exact + INDEX.folded
 
-NEEDLES: Tuple[bytes, ...] = tuple(sorted({n for s in SIGNATURES for n in s.needles}))
-_NEEDLE_STR = {s.kind: tuple(n.decode() for n in s.needles) for s in SIGNATURES}
+
+def _holds_needle(raw: bytes) -> bool:
+    """Whether a line holds an exact needle, or a folded one in any ASCII case (grep -i gives a superset)."""
+    if any(n in raw for n in INDEX.exact):
+        return True
+    low = raw.lower()
+    return any(n in low for n in INDEX.folded)
+
 
 # Prefixes that say where a line comes from.
 _NCCL_PREFIX = re.compile(r"(?:^|\s|\])(?P<host>[A-Za-z][\w.-]*):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\]")
@@ -145,37 +120,47 @@ def _int_fields(d: Dict[str, Optional[str]]) -> Dict[str, object]:
     return out
 
 
+def _special(fields: Dict[str, object]) -> Tuple[Optional[str], Optional[int], Optional[str]]:
+    """Pop the fields that say where: ``node``/``node_*`` (first with a value), ``rank``, ``gpu``."""
+    node = None
+    for k in [k for k in fields if k == "node" or k.startswith("node_")]:
+        v = fields.pop(k)
+        node = node or str(v)
+    rank = fields.pop("rank", None)
+    gpu = fields.pop("gpu", None)
+    return node, (int(rank) if isinstance(rank, int) else None), (None if gpu is None else str(gpu))
+
+
 def parse_line(text: str, source: str, line: int, file_index: int = 0,
                year_hint: Optional[int] = None) -> Tuple[List[LogEvent], Optional[int]]:
-    """Events for one decoded line (usually none or one), and the year it revealed."""
+    """Events for one decoded line (usually none or one: one per catalog entry that matches), and the
+    year it revealed."""
     events: List[LogEvent] = []
     year_seen: Optional[int] = None
-    for sig in SIGNATURES:
-        if not any(n in text for n in _NEEDLE_STR[sig.kind]):
+    low = text.lower()
+    for entry, needles in INDEX.gates:
+        hay = low if entry.nocase else text
+        if not any(n in hay for n in needles):
             continue
-        m = sig.regex.search(text)
+        m = entry.regex.search(text)
         if not m:
             continue
         if not events:
             t, year_seen = parse_time(text, year_hint)
         fields = _int_fields(m.groupdict())
-        node = fields.pop("cancel_node", None) or fields.pop("cancel_node2", None) or fields.pop("oom_node", None)
-        gpu = None
+        node, rank, gpu = _special(fields)
         pm = _NCCL_PREFIX.search(text)
         if pm:
             node = node or pm["host"]
-            gpu = pm["dev"]
+            gpu = gpu or pm["dev"]
         sm = None if node else _SYSLOG_HOST.match(text)
         if sm:
             node = sm["host"]
-        if "gpu" in fields:
-            gpu = str(fields.pop("gpu"))
-        rm = _RANK.search(text)
-        rank = int(rm["rank"]) if rm else None
-        if sig.kind == "nccl_rank":
-            rank = int(fields["comm_rank"])
+        if rank is None:
+            rm = _RANK.search(text)
+            rank = int(rm["rank"]) if rm else None
         clean = text.strip()
-        events.append(LogEvent(sig.kind, source, line, clean[:400], t, node, rank, gpu, fields, file_index))
+        events.append(LogEvent(entry.id, source, line, clean[:400], t, node, rank, gpu, fields, file_index))
     return events, year_seen
 
 
@@ -197,10 +182,8 @@ class ScanStats:
     dropped_events: Dict[str, int] = field(default_factory=dict)
 
 
-def _block_hits(data: bytes) -> Dict[int, int]:
-    """{line start: first hit offset} for lines holding any needle."""
-    hits: Dict[int, int] = {}
-    for needle in NEEDLES:
+def _find_all(data: bytes, needles: Tuple[bytes, ...], hits: Dict[int, int]) -> None:
+    for needle in needles:
         i = data.find(needle)
         while i != -1:
             start = data.rfind(b"\n", 0, i) + 1
@@ -210,6 +193,14 @@ def _block_hits(data: bytes) -> Dict[int, int]:
             if end == -1:
                 break
             i = data.find(needle, end)
+
+
+def _block_hits(data: bytes) -> Dict[int, int]:
+    """{line start: first hit offset} for lines holding any needle (folded ones in any ASCII case)."""
+    hits: Dict[int, int] = {}
+    _find_all(data, INDEX.exact, hits)
+    if INDEX.folded:
+        _find_all(data.lower(), INDEX.folded, hits)  # bytes.lower() is ASCII-only: offsets stay
     return hits
 
 
@@ -255,7 +246,9 @@ def _window(line: bytes) -> bytes:
     """A line cut to MAX_LINE_BYTES around its first needle, as the block scanner cuts it."""
     if len(line) <= MAX_LINE_BYTES:
         return line
-    hit = min((i for i in (line.find(n) for n in NEEDLES) if i != -1), default=0)
+    low = line.lower()
+    found = [line.find(n) for n in INDEX.exact] + [low.find(n) for n in INDEX.folded]
+    hit = min((i for i in found if i != -1), default=0)
     lo = max(0, hit - MAX_LINE_BYTES // 2)
     return line[lo:lo + MAX_LINE_BYTES]
 
@@ -269,18 +262,64 @@ def _last_byte(path: str) -> bytes:
         return fh.read(1)
 
 
+def _grep_argv(grep: str, target: str) -> List[str]:
+    """``grep -a -n -F`` over every needle, with ``-i`` when some entry folds case (then a superset
+    of the candidate lines, narrowed per line by :func:`_holds_needle`)."""
+    fold = ["-i"] if INDEX.folded else []
+    return [grep, "-a", "-n", "-F", *fold] + [a for n in NEEDLES for a in ("-e", n.decode())] + ["--", target]
+
+
+class _Feeder(threading.Thread):
+    """Decompresses a gzip log into grep's stdin and counts its bytes, lines and last byte."""
+
+    def __init__(self, path: str, sink: IO[bytes]):
+        super().__init__(daemon=True)
+        self.path, self.sink = path, sink
+        self.bytes = self.newlines = 0
+        self.last = b""
+        self.error: Optional[BaseException] = None
+
+    def run(self) -> None:
+        try:
+            with open_log(self.path) as fh:
+                while True:
+                    block = fh.read(BLOCK_BYTES)
+                    if not block:
+                        break
+                    self.bytes += len(block)
+                    self.newlines += block.count(b"\n")
+                    self.last = block[-1:]
+                    self.sink.write(block)
+        except (OSError, EOFError, zlib.error) as e:  # a broken pipe, or a corrupt gzip stream
+            self.error = e if isinstance(e, OSError) else OSError(f"{type(e).__name__}: {e}")
+        finally:
+            try:
+                self.sink.close()
+            except OSError:
+                pass
+
+
 def _scan_grep(grep: str, wc_bin: str, path: str, file_index: int, source: str,
-               progress: Optional[Callable[[str, int], None]]) -> Tuple[List[LogEvent], ScanStats]:
-    """The candidate lines from ``grep -a -n -F``; only they are parsed in Python."""
+               progress: Optional[Callable[[str, int], None]], gz: bool = False) -> Tuple[List[LogEvent], ScanStats]:
+    """The candidate lines from ``grep``; only they are parsed in Python. A gzip log is decompressed
+    here and piped through grep, so compressed logs get the same speed."""
     if not os.access(path, os.R_OK):
         open(path, "rb").close()  # raises the same OSError the pure scanner would
-    argv = [grep, "-a", "-n", "-F"] + [a for n in NEEDLES for a in ("-e", n.decode())] + ["--", path]
     sink = _Sink(source, file_index)
-    # Lines are counted by wc on the other core while grep runs (both SIMD memchr loops;
-    # counting in Python would cost more than grep itself).
-    wc = subprocess.Popen([wc_bin, "-l", "--", path], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                          env=_TOOL_ENV, cwd="/")
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_TOOL_ENV, cwd="/")
+    wc = feeder = None
+    if gz:
+        proc = subprocess.Popen(_grep_argv(grep, "-"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=_TOOL_ENV, cwd="/")
+        assert proc.stdin is not None
+        feeder = _Feeder(path, proc.stdin)
+        feeder.start()
+    else:
+        # Lines are counted by wc on the other core while grep runs (both SIMD memchr loops;
+        # counting in Python would cost more than grep itself).
+        wc = subprocess.Popen([wc_bin, "-l", "--", path], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              env=_TOOL_ENV, cwd="/")
+        proc = subprocess.Popen(_grep_argv(grep, path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=_TOOL_ENV, cwd="/")
     assert proc.stdout is not None
     carry = b""
     while True:
@@ -290,20 +329,27 @@ def _scan_grep(grep: str, wc_bin: str, path: str, file_index: int, source: str,
         carry = parts.pop() if chunk else b""
         for rec in parts:
             num, _, line = rec.partition(b":")
-            if num.isdigit():
+            if num.isdigit() and _holds_needle(line):
                 sink.line(_window(line), int(num))
         if not chunk:
             break
     err = proc.stderr.read() if proc.stderr else b""
     rc = proc.wait()
-    counted = wc.communicate()[0].split()[:1]
+    if feeder is not None:
+        feeder.join()
+        if feeder.error is not None:
+            raise feeder.error
+        sink.stats.bytes = feeder.bytes
+        sink.stats.lines = feeder.newlines + (1 if feeder.last and feeder.last != b"\n" else 0)
     if rc > 1:  # 1 = no line matched
         raise OSError(f"grep exit {rc}: {err.decode('utf-8', 'replace').strip()[:200]}")
-    sink.stats.bytes = os.path.getsize(path)
-    last = _last_byte(path)
-    if not counted or not counted[0].isdigit():
-        raise OSError(f"wc -l gave no count for {path}")
-    sink.stats.lines = int(counted[0]) + (1 if last and last != b"\n" else 0)
+    if wc is not None:
+        counted = wc.communicate()[0].split()[:1]
+        if not counted or not counted[0].isdigit():
+            raise OSError(f"wc -l gave no count for {path}")
+        last = _last_byte(path)
+        sink.stats.bytes = os.path.getsize(path)
+        sink.stats.lines = int(counted[0]) + (1 if last and last != b"\n" else 0)
     if progress is not None:
         progress(source, sink.stats.bytes)
     return sink.events, sink.stats
@@ -314,11 +360,12 @@ def scan(path: str, file_index: int = 0, source: Optional[str] = None,
          prefilter: bool = True) -> Tuple[List[LogEvent], ScanStats]:
     """All events in one log file, in file order. Raises OSError when the file cannot be read.
 
-    ``prefilter=False`` forces the pure-Python scanner (gzip files always use it)."""
+    ``prefilter=False`` forces the pure-Python scanner."""
     source = source or path
+    path = os.path.abspath(path)  # grep and wc run with cwd "/"
     grep, wc = grep_binary(), _binary(WC_PATHS)
-    if grep and wc and prefilter and not _is_gzip(path):
-        return _scan_grep(grep, wc, path, file_index, source, progress)
+    if grep and wc and prefilter:
+        return _scan_grep(grep, wc, path, file_index, source, progress, gz=_is_gzip(path))
     sink = _Sink(source, file_index)
     stats = sink.stats
     lineno = 1
@@ -356,9 +403,54 @@ def scan(path: str, file_index: int = 0, source: Optional[str] = None,
     return sink.events, stats
 
 
+def _ere(needle: str, fold: bool) -> str:
+    out = []
+    for ch in needle:
+        if fold and ch.isalpha() and ch.isascii():
+            out.append(f"[{ch.lower()}{ch.upper()}]")
+        else:
+            out.append(re.sub(r"([.^$*+?()\[\]{}|\\])", r"\\\1", ch))
+    return "".join(out)
+
+
 def grep_pattern() -> str:
-    """The needles as one POSIX ERE, so a benchmark can run ``grep -E`` on the same signatures."""
-    return "|".join(re.sub(r"([.^$*+?()\[\]{}|\\])", r"\\\1", n.decode()) for n in NEEDLES)
+    """The needles as one POSIX ERE (folded ones as ``[aA]`` classes), so a benchmark or a test can
+    run ``grep -E`` on exactly the scanner's candidate lines."""
+    return "|".join([_ere(n.decode(), False) for n in INDEX.exact] + [_ere(n.decode(), True) for n in INDEX.folded])
+
+
+LOG_SUFFIXES = (".out", ".err", ".log", ".gz")
+
+
+def expand_paths(paths: Iterable[str]) -> List[str]:
+    """Absolute paths (the scanners run tools with cwd "/"); a directory stands for its ``*.out``,
+    ``*.err``, ``*.log`` and ``*.gz`` regular files, in name order (itself when it has none, so the
+    report says why nothing was read)."""
+    out: List[str] = []
+    for p in paths:
+        a = os.path.abspath(p)
+        if os.path.isdir(a):
+            names = sorted(n for n in os.listdir(a) if n.endswith(LOG_SUFFIXES))
+            files = [os.path.join(a, n) for n in names if os.path.isfile(os.path.join(a, n))]
+            out += files or [a]
+        else:
+            out.append(a)
+    return list(dict.fromkeys(out))
+
+
+def structured_events(path: str, file_index: int) -> List[LogEvent]:
+    """Events from the structured-output parsers (nvidia-smi -q, dcgmi, sinfo -R, ...) for one file.
+
+    The parsers are a separate layer: when they are missing or fail on a file, triage goes on with
+    the line scanner's events alone."""
+    try:
+        from .parsers import parse_file
+    except ImportError:
+        return []
+    try:
+        return list(parse_file(path, file_index))
+    except Exception:  # noqa: BLE001 - a parser bug must never cost the whole triage
+        return []
 
 
 def scan_many(paths: Iterable[str], progress: Optional[Callable[[str, int], None]] = None
@@ -367,13 +459,90 @@ def scan_many(paths: Iterable[str], progress: Optional[Callable[[str, int], None
     events: List[LogEvent] = []
     sources: Dict[str, Dict[str, object]] = {}
     for i, p in enumerate(paths):
+        if os.path.isdir(p):
+            sources[p] = {"read": False, "error": "a directory without *.out, *.err, *.log or *.gz files"}
+            continue
         try:
             evs, st = scan(p, file_index=i, progress=progress)
         except (OSError, EOFError, gzip.BadGzipFile) as e:
             sources[p] = {"read": False, "error": f"{type(e).__name__}: {e}"}
             continue
+        evs += structured_events(p, i)
         events.extend(evs)
         sources[p] = {"read": True, "bytes": st.bytes, "lines": st.lines, "events": len(evs)}
         if st.dropped_events:
             sources[p]["dropped_events"] = st.dropped_events
     return events, sources
+
+
+# Error-looking lines, read only when no catalog entry matched (a second, bounded pass).
+_ERRORISH = ("traceback (most recent", "error", "fatal", "exception", "failed", "failure", "panic",
+             "abort", "segmentation fault", "core dumped", "killed", "interrupt")
+_TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
+# The exception line closes a traceback at column 0 (frames are indented), after an optional
+# rank/host label ("[rank3]: ", "0: ", "node1: ").
+_EXCEPTION = re.compile(r"^(?:\[rank\d+\]:\s?|[\w.-]+: )?(?P<exc>(?:[A-Za-z_]\w*\.)*[A-Z]\w*"
+                        r"(?:Error|Exception|Interrupt|Failure|Exit))(?::\s|:?$)")
+_ERROR = re.compile(r"\b(?:error|fatal|failed|failure|panic|abort(?:ed|ing)?|segmentation fault|core dumped|killed)\b",
+                    re.IGNORECASE)
+_NOT_ERROR = re.compile(r"\b(?:0|no) errors?\b|error[_-]?(?:rate|count|log|file)|errors?=0\b|ignore[_ -]?errors?",
+                        re.IGNORECASE)
+MAX_ERROR_LINES = 400
+
+
+def _errorish_lines(path: str) -> Iterable[Tuple[int, bytes]]:
+    grep = grep_binary()
+    path = os.path.abspath(path)
+    if grep and not _is_gzip(path):
+        argv = [grep, "-a", "-n", "-i", "-F", "-m", str(MAX_ERROR_LINES)]
+        argv += [a for n in _ERRORISH for a in ("-e", n)] + ["--", path]
+        cp = subprocess.run(argv, capture_output=True, env=_TOOL_ENV, cwd="/", timeout=60)
+        if cp.returncode > 1:
+            raise OSError(f"grep exit {cp.returncode}: {cp.stderr.decode('utf-8', 'replace').strip()[:200]}")
+        for rec in cp.stdout.split(b"\n"):
+            num, _, line = rec.partition(b":")
+            if num.isdigit():
+                yield int(num), line[:MAX_LINE_BYTES]
+        return
+    found = 0
+    with open_log(path) as fh:
+        for n, line in enumerate(fh, 1):
+            low = line[:MAX_LINE_BYTES].lower()
+            if any(k.encode() in low for k in _ERRORISH):
+                yield n, line[:MAX_LINE_BYTES]
+                found += 1
+                if found >= MAX_ERROR_LINES:
+                    return
+
+
+def error_lines(path: str, file_index: int = 0, source: Optional[str] = None) -> List[LogEvent]:
+    """The first traceback's exception line (kind ``first_exception``) and the first error/fatal line
+    (``first_error``) of one log: what an SRE reads first when no known shape matched."""
+    source = source or path
+    out: List[LogEvent] = []
+    in_traceback = False
+    want = {"first_exception", "first_error"}
+    year: Optional[int] = None
+    for n, raw in _errorish_lines(path):
+        full = raw.replace(b"\x00", b"").decode("utf-8", "replace").rstrip("\r\n")
+        text = full.strip()
+        kind = None
+        m = _EXCEPTION.search(full)
+        if _TRACEBACK.search(text):
+            in_traceback = True
+        elif in_traceback and "first_exception" in want and m:
+            kind = "first_exception"
+        if kind is None and "first_error" in want and _ERROR.search(text) and not _NOT_ERROR.search(text):
+            kind = "first_error"
+        if kind is None:
+            continue
+        t, y = parse_time(text, year)
+        year = y or year
+        fields: Dict[str, object] = {"exception": m["exc"]} if m and kind == "first_exception" else {}
+        rm = _RANK.search(text)
+        out.append(LogEvent(kind, source, n, text[:400], t, None, int(rm["rank"]) if rm else None, None,
+                            fields, file_index))
+        want.discard(kind)
+        if not want:
+            break
+    return out

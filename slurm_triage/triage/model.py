@@ -15,6 +15,9 @@ SCHEMA = 1
 
 CATEGORIES = ("gpu_hardware", "network", "collective_hang", "memory", "thermal_power",
               "scheduler", "host_resources", "security", "config")
+FALLBACK = "unknown"
+"""The category of the first-error finding made when no known shape matched: never a root cause
+over a real finding (see rules.correlate)."""
 
 
 @dataclass
@@ -65,7 +68,7 @@ class TriageFinding:
     first_order: Tuple[int, int] = (1 << 30, 0)
 
     def __post_init__(self) -> None:
-        if self.category not in CATEGORIES:
+        if self.category not in CATEGORIES and self.category != FALLBACK:
             raise ValueError(f"unknown category {self.category!r}")
         self.confidence = max(0.0, min(1.0, round(self.confidence, 2)))
 

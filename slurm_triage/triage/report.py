@@ -1,14 +1,76 @@
-"""Render a triage result for people (text, markdown) and for scripts (json); root cause first."""
+"""Render a triage result for people (text, markdown) and for scripts (json); root cause first.
+
+People get readable evidence: times as UTC ISO, numbers with their units, long lists
+shortened, and every control character escaped (log lines and job names are other people's
+bytes: an ANSI escape or a newline in them must not forge report lines). JSON keeps the raw
+values for scripts.
+"""
 from __future__ import annotations
 
 import json
+import math
+import re
 import time
 from typing import Any, Dict, List
 
 from . import TriageResult
-from .model import TriageFinding
+from .model import FALLBACK, TriageFinding
 
 _SKIP = ("lines", "lines_total")
+MAX_ITEMS = 6
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_TIME_KEY = re.compile(r"(?:^|_)(?:time|at|start|end|since|until|seen)$")
+_UNITS = (("_seconds", "s"), ("_ms", "ms"), ("_celsius", "°C"), ("_watts", "W"), ("_joules", "J"),
+          ("_mhz", "MHz"), ("_percent", "%"), ("_fraction", ""))
+
+
+def safe(text: Any) -> str:
+    """``text`` as one line: control characters (C0 but tab, DEL, C1, bidi overrides) as ``\\xNN``."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group(0)):02x}" if ord(m.group(0)) < 0x100
+                        else f"\\u{ord(m.group(0)):04x}", str(text))
+
+
+def utc(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024.0
+    return f"{n} B"
+
+
+def _number(x: float) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def readable(key: str, value: Any) -> str:
+    """One evidence value for people: epoch times as UTC ISO, units from the key's suffix, lists shortened."""
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        if _TIME_KEY.search(key) and 1e8 < value < 1e11:
+            return utc(value)
+        if key.endswith("_bytes"):
+            return _bytes(value)
+        if key.endswith("_kb"):
+            return _bytes(value * 1024)
+        for suffix, unit in _UNITS:
+            if key.endswith(suffix):
+                return f"{_number(value)} {unit}".rstrip()
+        return _number(value)
+    if isinstance(value, (list, tuple)):
+        shown = ", ".join(readable(key, v) for v in value[:MAX_ITEMS])
+        more = f", … (+{len(value) - MAX_ITEMS} more)" if len(value) > MAX_ITEMS else ""
+        return f"[{shown}{more}]"
+    if isinstance(value, dict):
+        items = list(value.items())
+        shown = ", ".join(f"{k}: {readable(str(k), v)}" for k, v in items[:MAX_ITEMS])
+        more = f", … (+{len(items) - MAX_ITEMS} more)" if len(items) > MAX_ITEMS else ""
+        return "{" + shown + more + "}"
+    return safe(value)
 
 
 def _where(f: TriageFinding) -> str:
@@ -18,7 +80,7 @@ def _where(f: TriageFinding) -> str:
 
 
 def _facts(f: TriageFinding) -> str:
-    return ", ".join(f"{k}={json.dumps(v)}" for k, v in f.evidence.items() if k not in _SKIP and v not in (None, [], {}))
+    return ", ".join(f"{k}={readable(k, v)}" for k, v in f.evidence.items() if k not in _SKIP and v not in (None, [], {}))
 
 
 def _source_facts(name: str, s: Dict[str, Any]) -> str:
@@ -47,9 +109,9 @@ def _job_line(r: TriageResult) -> str:
     j = r.job_facts or {}
     if not j:
         return ""
-    when = "–".join(time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) for t in (j.get("start"), j.get("end")) if t)
-    return (f"state {j.get('state') or '?'}, exit {j.get('exit_code')}, nodes {j.get('nodelist') or '?'}"
-            + (f", {when}" if when else ""))
+    when = " – ".join(utc(t) for t in (j.get("start"), j.get("end")) if t)
+    return safe(f"state {j.get('state') or '?'}, exit {j.get('exit_code')}, nodes {j.get('nodelist') or '?'}"
+                + (f", {when}" if when else ""))
 
 
 def render_text(r: TriageResult) -> str:
@@ -59,7 +121,7 @@ def render_text(r: TriageResult) -> str:
         lines.append("no known failure signature found")
     for i, f in enumerate(r.findings):
         if i == 0:
-            lines.append(f"ROOT CAUSE [{f.category}] {f.summary}")
+            lines.append(f"{'FIRST ERROR' if f.category == FALLBACK else 'ROOT CAUSE'} [{f.category}] {f.summary}")
         else:
             rel = f"follows from {f.caused_by}" if f.caused_by else "independent"
             lines.append(f"- [{f.category}] {f.summary}  ({rel})")
@@ -74,7 +136,7 @@ def render_text(r: TriageResult) -> str:
         if i == 0 and len(r.findings) > 1:
             lines += ["", "then:"]
     lines += ["", "sources:"] + ["  " + s for s in _sources_line(r.sources)]
-    return "\n".join(lines) + "\n"
+    return "\n".join(safe(ln) for ln in lines) + "\n"
 
 
 def render_markdown(r: TriageResult) -> str:
@@ -84,7 +146,8 @@ def render_markdown(r: TriageResult) -> str:
     if not r.findings:
         lines.append("No known failure signature found.")
     for i, f in enumerate(r.findings):
-        title = "Root cause" if i == 0 else ("Consequence" if f.caused_by else "Also found")
+        title = ("First error (no known signature)" if f.category == FALLBACK else "Root cause") if i == 0 \
+            else ("Consequence" if f.caused_by else "Also found")
         lines.append(f"## {title}: {f.summary}")
         lines.append("")
         lines.append(f"- **category** `{f.category}`, **verdict** {f.verdict.value}, **confidence** {f.confidence:.2f}"
@@ -96,7 +159,7 @@ def render_markdown(r: TriageResult) -> str:
             lines += ["", "```"] + [ln.replace("```", "'''") for ln in f.evidence["lines"]] + ["```"]
         lines.append("")
     lines += ["## Sources", ""] + [f"- {s}" for s in _sources_line(r.sources)]
-    return "\n".join(lines) + "\n"
+    return "\n".join(safe(ln) for ln in lines) + "\n"
 
 
 def render_json(r: TriageResult) -> str:

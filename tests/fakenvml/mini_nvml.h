@@ -103,6 +103,27 @@ typedef struct nvmlEventData_st {
 
 #define nvmlEventTypeXidCriticalError 0x0000000000000008LL
 
+/* Field values (nvmlDeviceGetFieldValues); only what the fake answers. */
+#define NVML_FI_DEV_GET_GPU_RECOVERY_ACTION 230
+typedef enum {
+    NVML_VALUE_TYPE_DOUBLE = 0, NVML_VALUE_TYPE_UNSIGNED_INT = 1, NVML_VALUE_TYPE_UNSIGNED_LONG = 2,
+    NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3, NVML_VALUE_TYPE_SIGNED_LONG_LONG = 4,
+    NVML_VALUE_TYPE_SIGNED_INT = 5, NVML_VALUE_TYPE_UNSIGNED_SHORT = 6
+} nvmlValueType_t;
+typedef union nvmlValue_st {
+    double dVal; int siVal; unsigned int uiVal; unsigned long ulVal;
+    unsigned long long ullVal; signed long long sllVal; unsigned short usVal;
+} nvmlValue_t;
+typedef struct nvmlFieldValue_st {
+    unsigned int fieldId;
+    unsigned int scopeId;
+    long long timestamp;
+    long long latencyUsec;
+    nvmlValueType_t valueType;
+    nvmlReturn_t nvmlReturn;
+    nvmlValue_t value;
+} nvmlFieldValue_t;
+
 /* Clock event ("throttle") reason bits; nvml.h 13.x keeps the HW ones under
  * the nvmlClocksThrottleReason* names. */
 #define nvmlClocksEventReasonGpuIdle                   0x0000000000000001LL

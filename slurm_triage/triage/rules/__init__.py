@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Tuple
 
 from ...model import Verdict
-from ..model import JobEvidence, LogEvent, TriageFinding
-from . import gpu, host, metrics, nccl, pushed, slurm
+from ..model import CATEGORIES, FALLBACK, JobEvidence, LogEvent, TriageFinding
+from . import catalog, fallback, gpu, metrics, nccl, pushed, slurm
 
 RuleFn = Callable[[Any], List[TriageFinding]]
 """A log rule takes List[LogEvent], a job rule (in JOB_RULES) takes JobEvidence."""
@@ -33,16 +33,15 @@ class Rule:
 RULES: Tuple[Rule, ...] = (
     Rule("log.xid", ("gpu_hardware",), gpu.xid_events),
     Rule("log.cuda_error", ("gpu_hardware",), gpu.cuda_errors),
-    Rule("log.oom", ("memory",), host.out_of_memory),
-    Rule("log.shm", ("host_resources",), host.shm_exhausted),
-    Rule("log.addr_in_use", ("config",), host.address_in_use),
     Rule("log.ib_completion", ("network",), nccl.ib_completion_errors),
     Rule("log.store_barrier", ("collective_hang", "config"), nccl.store_barrier_timeouts),
     Rule("log.watchdog", ("collective_hang",), nccl.watchdog_timeouts),
-    Rule("log.heartbeat", ("collective_hang",), nccl.heartbeat_timeouts),
-    Rule("log.conn_reset", ("network",), nccl.connection_resets),
     Rule("log.slurm_cancel", ("scheduler",), slurm.cancellations),
+    Rule("log.catalog", CATEGORIES, catalog.catalog_findings),
+    Rule("log.first_error", (FALLBACK,), fallback.first_error),
 )
+"""Python rules reason across lines; ``log.catalog`` judges every catalog entry that names none;
+``log.first_error`` speaks only when the scan found nothing (its events come from a second pass)."""
 
 JOB_RULES: Tuple[Rule, ...] = (
     Rule("slurm.state", ("scheduler", "memory"), slurm.job_state),
@@ -56,6 +55,7 @@ JOB_RULES: Tuple[Rule, ...] = (
     Rule("node.leftovers", ("host_resources",), pushed.leftovers),
     Rule("node.public_dashboard", ("security",), pushed.public_dashboards),
     Rule("node.hardware", ("gpu_hardware", "network"), pushed.node_hardware),
+    Rule("node.rdma", ("network",), pushed.rdma_rises),
 )
 
 
@@ -74,7 +74,8 @@ def correlate(findings: List[TriageFinding]) -> List[TriageFinding]:
     """Rank findings root cause first, its consequences next, then the rest; set ``caused_by``."""
     if not findings:
         return []
-    primaries = [f for f in findings if not f.consequence] or findings
+    known = [f for f in findings if f.category != FALLBACK] or findings
+    primaries = [f for f in known if not f.consequence] or known
     root = min(primaries, key=lambda f: (_when(f), f.tier))
     children: List[TriageFinding] = []
     others: List[TriageFinding] = []
@@ -92,20 +93,36 @@ def correlate(findings: List[TriageFinding]) -> List[TriageFinding]:
     return [root] + children + others
 
 
+def structured_rules() -> Tuple[Rule, ...]:
+    """The rules over the structured parsers' events (rules/structured.py), when that layer is present."""
+    try:
+        from .structured import RULES as found
+    except ImportError:
+        return ()
+    return tuple(found)
+
+
+def _log_findings(events: List[LogEvent], rules: Tuple[Rule, ...]) -> List[TriageFinding]:
+    out: List[TriageFinding] = []
+    for rule in rules:
+        out.extend(rule.fn(events))
+    for rule in structured_rules():
+        try:
+            out.extend(rule.fn(events))
+        except Exception:  # noqa: BLE001 - a broken structured rule must not hide what the others found
+            continue
+    return out
+
+
 def run_rules(events: List[LogEvent], rules: Optional[Tuple[Rule, ...]] = None) -> List[TriageFinding]:
     """Every rule over ``events``, correlated and ranked."""
-    out: List[TriageFinding] = []
-    for rule in rules or RULES:
-        out.extend(rule.fn(events))
-    return correlate(out)
+    return correlate(_log_findings(events, rules or RULES))
 
 
 def run_job_rules(ev: JobEvidence) -> List[TriageFinding]:
     """Log rules over ``ev.events`` and job rules over ``ev``, correlated together: first failure wins
     across log and metric evidence."""
-    out: List[TriageFinding] = []
-    for rule in RULES:
-        out.extend(rule.fn(ev.events))
+    out = _log_findings(ev.events, RULES)
     for rule in JOB_RULES:
         out.extend(rule.fn(ev))
     return correlate(out)

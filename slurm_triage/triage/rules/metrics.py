@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ...model import Verdict
 from ..model import JobEvidence, TriageFinding
-from .gpu import XIDS
+from .gpu import xid_class
 
 
 def _median(values: List[float]) -> Optional[float]:
@@ -79,7 +79,10 @@ def stragglers(ev: JobEvidence) -> List[TriageFinding]:
     factor = float(ev.setting("straggler_factor"))
     steps = (ev.metrics or {}).get("step_time") or {}
     med = _median(list(steps.values()))
-    slow_nodes = {n: v for n, v in steps.items() if med and len(steps) > 1 and v > factor * med}
+    # Each node against the median of its peers: in a 2-node job the job median is the mean of
+    # the two, which no node can exceed twice.
+    peers = {n: _median([w for m, w in steps.items() if m != n]) for n in steps}
+    slow_nodes = {n: v for n, v in steps.items() if peers[n] and v > factor * peers[n]}
     gpus = _gpus(ev)
     cmed = _median([g.get("clock") for g in gpus])
     ratio = float(ev.setting("straggler_clock_ratio"))
@@ -94,7 +97,8 @@ def stragglers(ev: JobEvidence) -> List[TriageFinding]:
         gs = slow_gpus.get(node, [])
         parts = []
         if node in slow_nodes:
-            parts.append(f"step time {slow_nodes[node]:.2f} s vs job median {med:.2f} s")
+            parts.append(f"step time {slow_nodes[node]:.3g} s, {slow_nodes[node] / peers[node]:.1f}x its peers' "
+                         f"median {peers[node]:.3g} s")
         if gs:
             parts.append("SM clock " + ", ".join(f"GPU {g['gpu']} {g['clock']:.0f} MHz" for g in gs[:4])
                          + f" vs job median {cmed:.0f} MHz")
@@ -108,6 +112,7 @@ def stragglers(ev: JobEvidence) -> List[TriageFinding]:
             summary=f"straggler node {node}: " + "; ".join(parts) + " — the gang waits for it every step",
             action=f"take {node} out of the job (exclude it: sbatch --exclude={node}) and find why it is slow",
             evidence={"step_time_seconds": slow_nodes.get(node), "job_median_step_seconds": med,
+                      "peers_median_step_seconds": peers.get(node),
                       "slow_gpus": [{"gpu": g["gpu"], "uuid": g.get("uuid"), "sm_clock_mhz": g["clock"]} for g in gs],
                       "job_median_sm_clock_mhz": cmed, "watcher_flagged": watch}))
     return out
@@ -172,7 +177,7 @@ def gpu_events(ev: JobEvidence) -> List[TriageFinding]:
     for e in (ev.metrics or {}).get("gpu_events") or []:
         if e["kind"] == "xid":
             xid = int(e["value"])
-            meaning, fatal, app = XIDS.get(xid, ("see NVIDIA's Xid catalog", False, False))
+            meaning, fatal, app, _ = xid_class(xid)
             verdict, conf, what = (Verdict.FAIL, 0.9, f"Xid {xid} ({meaning})") if fatal else \
                 (Verdict.WARN, 0.4 if app else 0.6, f"Xid {xid} ({meaning})")
             action = ("drain the node and reset/replace the GPU" if fatal else
@@ -247,8 +252,10 @@ def _figures(ev: JobEvidence) -> Dict[str, Optional[float]]:
     m = ev.metrics or {}
     gpus = _gpus(ev)
     threads = [t.get("max") for t in (m.get("threads") or {}).values()]
-    return {"median GPU utilization %": _median([g.get("util") for g in gpus]),
-            "median GPU power W": _median([g.get("power") for g in gpus]),
+    # Without dcgm-exporter, the watcher's per-node averages of a --triage step stand in.
+    watch_util = [v * 100 for v in (m.get("watch_util") or {}).values()]
+    return {"median GPU utilization %": _median([g.get("util") for g in gpus]) or _median(watch_util),
+            "median GPU power W": _median([g.get("power") for g in gpus]) or _median(list((m.get("watch_power") or {}).values())),
             "median SM clock MHz": _median([g.get("clock") for g in gpus]),
             "median step time s": _median(list((m.get("step_time") or {}).values())),
             "max threads per node": max([t for t in threads if t is not None], default=None),
@@ -272,6 +279,9 @@ def baseline_diff(ev: JobEvidence) -> List[TriageFinding]:
         return []
     host = any(k.startswith(("max threads", "median runnable", "median load")) for k in diffs)
     other = (ev.baseline.job or {}).get("job_id", "baseline")
+    threads = diffs.get("max threads per node")
+    if threads and threads["ratio"] > 1:
+        return [_thread_leak(ev, other, mine, theirs, diffs, ratio)]
     return [_finding(
         None, id="metric.baseline", category="host_resources" if host else "config", verdict=Verdict.WARN,
         confidence=0.5, summary=f"differs from job {other}: " + "; ".join(
@@ -279,3 +289,52 @@ def baseline_diff(ev: JobEvidence) -> List[TriageFinding]:
         action="the runs differ in these figures: compare their configs/env (checkpoint restore, dataloader "
                "workers, NCCL settings) starting with the largest ratio",
         evidence={"baseline_job": other, "differences": diffs})]
+
+
+_HARDWARE_FIGURES = ("median GPU utilization %", "median GPU power W", "median SM clock MHz")
+
+
+def _new_threads(ev: JobEvidence) -> List[Dict[str, Any]]:
+    """Named threads this run holds beyond the baseline's (per node, process and name), most first."""
+    def by_name(e: Optional[JobEvidence]) -> Dict[str, int]:
+        out: Dict[str, int] = {}
+        for ts in ((e.metrics or {}).get("thread_names") or {}).values() if e else ():
+            for t in ts:
+                out[t["thread"]] = out.get(t["thread"], 0) + int(t["count"])
+        return out
+    before = by_name(ev.baseline)
+    grown = {n for n, c in by_name(ev).items() if c > before.get(n, 0)}
+    rows = [{"node": node, **t} for node, ts in sorted(((ev.metrics or {}).get("thread_names") or {}).items())
+            for t in ts if t["thread"] in grown]
+    return sorted(rows, key=lambda t: -t["count"])
+
+
+def _thread_leak(ev: JobEvidence, other: str, mine: Dict[str, Optional[float]], theirs: Dict[str, Optional[float]],
+                 diffs: Dict[str, Dict[str, float]], ratio: float) -> TriageFinding:
+    """More threads than the same work's baseline, the hardware alike: threads that never exit compete
+    with the training loop (the checkpoint-restore story: communicators rebuilt, the old ones left)."""
+    t = diffs["max threads per node"]
+    named = _new_threads(ev)
+    parts = [f"{t['this']:.0f} vs {t['baseline']:.0f} threads per node"
+             + (" (" + ", ".join(f"{r['thread']} x{r['count']} in pid {r['pid']} ({r['comm']}) on {r['node']}"
+                                 for r in named[:3]) + ")" if named else "")]
+    for k, label in (("median runnable tasks per node", "runnable tasks"), ("median load1 per node", "load")):
+        if k in diffs:
+            parts.append(f"{label} {diffs[k]['this']:g} vs {diffs[k]['baseline']:g}")
+    if "median step time s" in diffs:
+        parts.append(f"step time x{diffs['median step time s']['ratio']:g}")
+    same = {k: round(mine[k] / theirs[k], 2) for k in _HARDWARE_FIGURES
+            if mine.get(k) and theirs.get(k) and k not in diffs}
+    if same:
+        parts.append("the GPU figures did not differ (" + ", ".join(f"{k.replace('median ', '')} x{v:g}"
+                                                                    for k, v in same.items()) + ")")
+    pid = f" --pid {named[0]['pid']}" if named else ""
+    return _finding(
+        None, id="metric.baseline.threads", category="host_resources", verdict=Verdict.WARN,
+        confidence=0.75 if named else 0.6, node=named[0]["node"] if named else None,
+        summary=f"thread leak against job {other}: " + "; ".join(parts),
+        action="threads started at restore never exit and steal the training loop's CPU: destroy the old process "
+               "group/communicators before re-creating them on restore (or restart the processes); "
+               f"py-spy dump{pid} shows what they run",
+        evidence={"baseline_job": other, "differences": diffs, "new_threads": named[:8],
+                  "hardware_unchanged": same, "ratio_threshold": ratio})

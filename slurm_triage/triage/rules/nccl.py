@@ -1,5 +1,5 @@
-"""Collective-communication failures: PyTorch ProcessGroupNCCL watchdog/heartbeat, store barrier,
-NCCL InfiniBand completion errors and socket resets."""
+"""Collective-communication failures that need reasoning across lines: PyTorch ProcessGroupNCCL
+watchdog timeouts (SeqNum lag per rank), store barrier counts, NCCL InfiniBand completion status."""
 from __future__ import annotations
 
 from typing import Dict, List
@@ -15,13 +15,15 @@ def watchdog_timeouts(events: List[LogEvent]) -> List[TriageFinding]:
     if not evs:
         return []
     last: Dict[int, int] = {}
-    for e in evs:
-        if e.rank is not None:
+    for e in evs:  # a pasted line may be cut inside WorkNCCL(...): then it has no SeqNum
+        if e.rank is not None and "seq" in e.fields:
             last[e.rank] = max(last.get(e.rank, -1), int(e.fields["seq"]))
     nodes = rank_nodes(events)
     size = world_size(events)
-    ops = sorted({str(e.fields["op"]) for e in evs})
-    timeout_s = max(int(e.fields["timeout_ms"]) for e in evs) / 1000.0
+    ops = sorted({str(e.fields["op"]) for e in evs if "op" in e.fields}) or ["?"]
+    timeouts = [int(e.fields["timeout_ms"]) for e in evs if "timeout_ms" in e.fields]
+    timeout_s = max(timeouts) / 1000.0 if timeouts else None
+    after = f" after {timeout_s:.0f} s" if timeout_s is not None else ""
     evidence: Dict[str, object] = {"timeout_seconds": timeout_s, "ops": ops,
                                    "last_seq_by_rank": {str(r): s for r, s in sorted(last.items())}}
     lagging: List[int] = []
@@ -29,14 +31,14 @@ def watchdog_timeouts(events: List[LogEvent]) -> List[TriageFinding]:
         low = min(last.values())
         lagging = sorted(r for r, s in last.items() if s == low)
         summary = (f"collective hang: rank {ranks_text(lagging)} fell behind (SeqNum {low} vs "
-                   f"{max(last.values())} on the others); the other ranks timed out waiting after {timeout_s:.0f} s")
+                   f"{max(last.values())} on the others); the other ranks timed out waiting{after}")
         conf = 0.75
         action = "inspect the lagging rank's node first (py-spy dump, GPU util vs power, kernel log, dataloader)"
     else:
         seq = next(iter(last.values()), None)
         missing = sorted(set(range(size)) - set(last)) if size else []
         summary = (f"collective hang: {len(last) or len(evs)} rank(s) timed out in {'/'.join(ops)}"
-                   + (f" SeqNum {seq}" if seq is not None else "") + f" after {timeout_s:.0f} s")
+                   + (f" SeqNum {seq}" if seq is not None else "") + after)
         if missing:
             summary += f"; rank {ranks_text(missing)} never reported and is the likely laggard"
             lagging = missing
@@ -52,22 +54,6 @@ def watchdog_timeouts(events: List[LogEvent]) -> List[TriageFinding]:
                         confidence=conf, summary=summary, action=action,
                         rank=lagging[0] if len(lagging) == 1 else None, node=only(lag_nodes),
                         evidence=evidence, consequence=True)]
-
-
-def heartbeat_timeouts(events: List[LogEvent]) -> List[TriageFinding]:
-    """The heartbeat monitor found the NCCL watchdog itself stuck: a CUDA/NCCL call is blocking."""
-    evs = of_kind(events, "heartbeat_timeout")
-    if not evs:
-        return []
-    ranks = sorted({e.rank for e in evs if e.rank is not None})
-    stuck = max((int(e.fields["stuck_s"]) for e in evs if "stuck_s" in e.fields), default=None)
-    return [from_events(
-        evs, id="log.heartbeat", category="collective_hang", verdict=Verdict.FAIL, confidence=0.6,
-        summary="NCCL watchdog stuck" + (f" for {stuck} s" if stuck else "")
-                + (f" on rank {ranks_text(ranks)}" if ranks else "") + ": a CUDA/NCCL call blocked",
-        action="py-spy dump --native the stuck ranks; check GPU util vs power (busy-spinning) and the kernel log",
-        rank=ranks[0] if len(ranks) == 1 else None, node=only(e.node for e in evs),
-        evidence={"ranks": ranks, "stuck_seconds": stuck}, consequence=True)]
 
 
 def store_barrier_timeouts(events: List[LogEvent]) -> List[TriageFinding]:
@@ -107,6 +93,11 @@ IB_STATUS = {
 }
 
 
+# Status 5 is a consequence; 12 (retry exceeded) is as often a RoCE/GID/MTU misconfiguration as a
+# fabric fault, so it is named with less certainty than the unambiguous codes.
+IB_CONFIDENCE = {5: 0.5, 12: 0.7}
+
+
 def ib_completion_errors(events: List[LogEvent]) -> List[TriageFinding]:
     """NCCL NET/IB completion errors, with the ibv_wc_status decoded, per status."""
     groups = group_by(events, "ib_completion", lambda e: int(e.fields["status"]))
@@ -114,30 +105,16 @@ def ib_completion_errors(events: List[LogEvent]) -> List[TriageFinding]:
     for status, evs in groups.items():
         name, meaning = IB_STATUS.get(status, (f"status {status}", "see ibv_wc_status in verbs.h"))
         nodes = sorted({e.node for e in evs if e.node})
-        peers = sorted({str(e.fields["peer"]) for e in evs})
+        peers = sorted({str(e.fields["peer"]) for e in evs if "peer" in e.fields})
         vendor = sorted({int(e.fields["vendor_err"]) for e in evs})
         out.append(from_events(
             evs, id=f"log.ib_completion.{status}", category="network", verdict=Verdict.FAIL,
-            confidence=0.5 if status == 5 else 0.8, node=only(nodes), gpu=only(e.gpu for e in evs),
-            summary=f"InfiniBand completion error {status} ({name}) on {', '.join(nodes) or '?'} "
-                    f"talking to {', '.join(peers[:4])}" + ("…" if len(peers) > 4 else ""),
+            confidence=IB_CONFIDENCE.get(status, 0.8), node=only(nodes), gpu=only(e.gpu for e in evs),
+            summary=f"InfiniBand completion error {status} ({name})" + (f" on {', '.join(nodes)}" if nodes else "")
+                    + (f" talking to {', '.join(peers[:4])}" + ("…" if len(peers) > 4 else "") if peers else ""),
             action=f"{meaning}; check port counters (symbol/link-downed, port_rcv_errors) on both ends "
                    "and ibstat/link flaps in the kernel log",
             evidence={"status": status, "status_name": name, "vendor_err": vendor, "nodes": nodes,
                       "peers": peers, "count": len(evs)},
             consequence=status == 5))
     return out
-
-
-def connection_resets(events: List[LogEvent]) -> List[TriageFinding]:
-    """Socket resets / remote-process-exited: nearly always the echo of a peer that died first."""
-    evs = of_kind(events, "conn_reset")
-    if not evs:
-        return []
-    nodes = sorted({e.node for e in evs if e.node})
-    return [from_events(
-        evs, id="log.conn_reset", category="network", verdict=Verdict.WARN, confidence=0.3,
-        node=only(nodes), summary="peers closed connections (Connection reset / remote process exited)",
-        action="a peer died or was killed first: look for the earliest error on any rank; if none, check the "
-               "Ethernet/IB path between the nodes named here",
-        evidence={"count": len(evs), "nodes": nodes}, consequence=True)]

@@ -91,3 +91,27 @@ def node_hardware(ev: JobEvidence) -> List[TriageFinding]:
                          "reset/replace the part", 0.85 if f.get("hardware") else 0.6,
                          tier=0 if f.get("hardware") else 1))
     return out
+
+
+def rdma_rises(ev: JobEvidence) -> List[TriageFinding]:
+    """RDMA error counters that rose on a node's port during the job (Epilog vs Prolog), with their rate."""
+    job = ev.job or {}
+    start, end = job.get("start"), job.get("end")
+    seconds = end - start if isinstance(start, (int, float)) and isinstance(end, (int, float)) and end > start else None
+    steps = (ev.metrics or {}).get("step_time") or {}
+    out: List[TriageFinding] = []
+    for node, f in _each(ev):
+        rises = (f.get("evidence") or {}).get("rises")
+        if f["id"] != "rdma.errors" or f["phase"] != "epilog" or not isinstance(rises, dict) or not rises:
+            continue
+        port = f"{(f.get('evidence') or {}).get('device')} port {(f.get('evidence') or {}).get('port')}"
+        rates = {c: round(d / seconds, 3) for c, d in rises.items()} if seconds else {}
+        what = ", ".join(f"{c} +{d}" + (f" ({rates[c]:g}/s)" if c in rates else "") for c, d in rises.items())
+        t = _make(node, f, "network", f"{node} {port}: {what} during the job",
+                  "check the link of this port (cable, transceiver, switch port: ibstat, perfquery) and "
+                  "exclude the node (sbatch --exclude) until it is clean; retransmits slow every collective", 0.7)
+        t.evidence.update({"port": port, "rate_per_second": rates, "job_seconds": seconds})
+        if node in steps:
+            t.evidence["step_time_seconds"] = steps[node]
+        out.append(t)
+    return out

@@ -124,7 +124,9 @@ class _Plan:
         self.gpu_sel = f'{self.nl}=~"{alt}"'
         self.ne_sel = f'{s["node_exporter_node_label"]}=~"({alt})(:[0-9]+)?"'
         self.job_sel = f'slurm_job_id="{job_id}"'
-        self.step_sel = f'{s["step_time_node_label"]}=~"({alt})(:[0-9]+)?"'
+        # A job's step-time series pushed to a Pushgateway outlive the job there: when they carry
+        # slurm_job_id, only this job's count (=~"J|" also keeps series without the label).
+        self.step_sel = f'{s["step_time_node_label"]}=~"({alt})(:[0-9]+)?",slurm_job_id=~"{job_id}|"'
         self.e = f"{self.end:.0f}"
 
     def m(self, key: str, sel: str) -> str:
@@ -172,6 +174,14 @@ class _Plan:
             "watch_hang": ("instant", f"max by (instance) ({self.over('max_over_time', 'metric_hang_suspected', self.job_sel)}) > 0"),
             "watch_straggler": ("instant", f"max by (instance, gpu_uuid) "
                                            f"({self.over('max_over_time', 'metric_watch_straggler', self.job_sel)}) > 0"),
+            # the watcher's own series of a --triage step: thread names, and GPU figures where no
+            # dcgm-exporter runs (fixed names: slurm_triage.watcher.render)
+            "thread_names": ("instant", f"max by (instance, pid, comm, thread) (max_over_time("
+                                        f"slurm_triage_watch_thread_names{{{self.job_sel}}}[{self.w}s] @ {self.e}))"),
+            "watch_power": ("instant", f"avg by (instance) (avg_over_time("
+                                       f"slurm_triage_watch_gpu_power_watts{{{self.job_sel}}}[{self.w}s] @ {self.e}))"),
+            "watch_util": ("instant", f"avg by (instance) (avg_over_time("
+                                      f"slurm_triage_watch_gpu_utilization_ratio{{{self.job_sel}}}[{self.w}s] @ {self.e}))"),
         }
         if s["metric_step_time"]:
             q["step_time"] = ("instant", f"avg by ({s['step_time_node_label']}) "
@@ -264,7 +274,19 @@ def shape(raw: Dict[str, List[Dict[str, Any]]], s: Dict[str, Any], step: float) 
             [float(v[0]) for v in r.get("values") or []], step)] for r in raw.get("watch_hang") or []},
         "watch_straggler": [{"node": r["metric"].get("instance"), "gpu_uuid": r["metric"].get("gpu_uuid")}
                             for r in raw.get("watch_straggler") or []],
+        "thread_names": {n: sorted(v, key=lambda t: -t["count"]) for n, v in _thread_names(raw).items()},
+        "watch_power": per_node("watch_power"), "watch_util": per_node("watch_util"),
     }
+
+
+def _thread_names(raw: Dict[str, List[Dict[str, Any]]]) -> Dict[str, List[Dict[str, Any]]]:
+    out: Dict[str, List[Dict[str, Any]]] = {}
+    for r in raw.get("thread_names") or []:
+        lab, v = r["metric"], _value(r.get("value"))
+        if v:
+            out.setdefault(lab.get("instance", ""), []).append(
+                {"pid": lab.get("pid"), "comm": lab.get("comm"), "thread": lab.get("thread"), "count": int(v)})
+    return out
 
 
 def gather(s: Dict[str, Any], job_id: str, nodes: Sequence[str], start: float, end: float,

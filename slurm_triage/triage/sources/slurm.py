@@ -39,6 +39,8 @@ class JobFacts:
     stderr: Optional[str] = None
     restarts: Optional[int] = None
     reason: Optional[str] = None
+    user: Optional[str] = None
+    uid: Optional[int] = None
     steps: List[Dict[str, Any]] = field(default_factory=list)
     sources: List[str] = field(default_factory=list)
 
@@ -49,7 +51,9 @@ class JobFacts:
 def _run(argv: List[str], timeout: float) -> Tuple[Optional[str], str]:
     """(stdout, "") or (None, why)."""
     try:
-        cp = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=tool_env(), cwd="/")
+        # Job names and comments are user text: a byte that is not UTF-8 is replaced, never fatal.
+        cp = subprocess.run(argv, capture_output=True, text=True, encoding="utf-8", errors="replace",
+                            timeout=timeout, env=tool_env(), cwd="/")
     except FileNotFoundError:
         return None, f"{argv[0]} not found"
     except subprocess.TimeoutExpired:
@@ -138,7 +142,8 @@ def from_sacct_json(data: Dict[str, Any], job_id: str) -> Optional[JobFacts]:
                  submit=_epoch(t.get("submission")), reason=_reason(state.get("reason")),
                  restarts=int(_num(job.get("restart_cnt")) or 0) if job.get("restart_cnt") is not None else None,
                  stdout=job.get("stdout_expanded") or job.get("stdout") or None,
-                 stderr=job.get("stderr_expanded") or job.get("stderr") or None, sources=["sacct-json"])
+                 stderr=job.get("stderr_expanded") or job.get("stderr") or None,
+                 user=str(job["user"]) if job.get("user") else None, sources=["sacct-json"])
     limit = _num(t.get("limit"))
     f.time_limit_seconds = limit * 60 if limit else None  # sacct reports minutes
     for s in job.get("steps") or []:
@@ -192,7 +197,9 @@ def from_scontrol(text: str, job_id: str) -> Optional[JobFacts]:
     d = parse_scontrol(line)
     rc, sig = _exit(d.get("ExitCode"))
     nodelist = d.get("NodeList", "")
+    who = re.match(r"^([^()\s]+)\((\d+)\)$", d.get("UserId", ""))
     return JobFacts(job_id=job_id, state=d.get("JobState", ""), exit_code=rc, signal=sig,
+                    user=who.group(1) if who else None, uid=int(who.group(2)) if who else None,
                     nodelist="" if nodelist == "(null)" else nodelist, nodes=_nodes(nodelist),
                     start=parse_time(d.get("StartTime")), end=parse_time(d.get("EndTime")),
                     submit=parse_time(d.get("SubmitTime")), time_limit_seconds=parse_duration(d.get("TimeLimit")),
@@ -213,7 +220,7 @@ def merge(acct: Optional[JobFacts], live: Optional[JobFacts]) -> Optional[JobFac
     """Accounting wins for times/state of a finished job; scontrol adds log paths and restarts."""
     if acct is None or live is None:
         return acct or live
-    for k in ("stdout", "stderr", "restarts", "time_limit_seconds", "reason"):
+    for k in ("stdout", "stderr", "restarts", "time_limit_seconds", "reason", "user", "uid"):
         if getattr(acct, k) in (None, "") and getattr(live, k) not in (None, ""):
             setattr(acct, k, getattr(live, k))
     if live.state in ("RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED"):

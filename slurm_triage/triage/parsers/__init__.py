@@ -1,0 +1,71 @@
+"""Structured outputs people paste next to a failed job: tables and blocks that span many lines.
+
+:func:`parse_file` reads the first ``MAX_BYTES`` of one file (gzip by magic, via
+:func:`slurm_triage.triage.logs.open_log`), decodes it forgivingly (NUL bytes dropped, invalid
+UTF-8 replaced, lines cut at ``MAX_LINE_CHARS``) and hands the lines to every format module; a
+file may hold several outputs one after another, or mixed with job output. Each module returns
+facts as :class:`LogEvent` (kinds ``smi_q_*``, ``smi_*``, ``dcgm_*``, ``slurm_*``, ``sacct_*``,
+``kmsg_*``, ``pyspy_*``, ``fr_*``); :mod:`slurm_triage.triage.rules.structured` judges them.
+"""
+from __future__ import annotations
+
+import gzip
+import zlib
+from typing import Callable, List, Tuple
+
+from ..logs import open_log
+from ..model import LogEvent
+from . import dcgmi, flight_recorder, kernel, nvidia_smi, nvidia_smi_q, pyspy, slurm
+from .base import Doc
+
+MAX_BYTES = 4 << 20
+MAX_LINE_CHARS = 4096
+READ_BYTES = 64 << 10  # small reads keep most of a truncated gzip (a failing read loses its own chunk)
+
+FORMATS: Tuple[Tuple[str, Callable[[Doc], List[LogEvent]]], ...] = (
+    ("nvidia_smi_q", nvidia_smi_q.parse),
+    ("nvidia_smi", nvidia_smi.parse),
+    ("dcgmi", dcgmi.parse),
+    ("slurm", slurm.parse),
+    ("kernel", kernel.parse),
+    ("pyspy", pyspy.parse),
+    ("flight_recorder", flight_recorder.parse),
+)
+
+
+def read_lines(path: str) -> List[str]:
+    """The decoded lines of the first MAX_BYTES of ``path``; a truncated gzip yields what it held.
+
+    Raises OSError only when the file cannot be opened or read at all."""
+    chunks: List[bytes] = []
+    size = 0
+    with open_log(path) as fh:
+        while size < MAX_BYTES:
+            try:
+                chunk = fh.read(min(READ_BYTES, MAX_BYTES - size))
+            except (EOFError, zlib.error, gzip.BadGzipFile):
+                break  # truncated or corrupt gzip: keep what was decompressed so far
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    data = b"".join(chunks)
+    if len(data) >= MAX_BYTES:
+        data = data[:data.rfind(b"\n") + 1] or data  # never hand a parser half a line
+    text = data.replace(b"\x00", b"").decode("utf-8", "replace")
+    return [line.rstrip("\r")[:MAX_LINE_CHARS] for line in text.split("\n")]
+
+
+def parse_lines(lines: List[str], source: str, file_index: int = 0) -> List[LogEvent]:
+    """Every format's events over already decoded ``lines``, in line order."""
+    doc = Doc(source, lines, file_index)
+    events: List[LogEvent] = []
+    for _, fn in FORMATS:
+        events.extend(fn(doc))
+    events.sort(key=lambda e: e.line)
+    return events
+
+
+def parse_file(path: str, file_index: int = 0) -> List[LogEvent]:
+    """Facts from the structured outputs in ``path`` (see the module docstring)."""
+    return parse_lines(read_lines(path), path, file_index)
