@@ -284,7 +284,7 @@ class Demo:
         self.step("A training job whose rank on node2 lags: step time finds the node, the GPU says why")
         for n in ("node1", "node2"):
             self.lab.set_scenario(n, "h100x8-busy.json")
-        job = self.lab.train("slow-rank", 80, during=lambda: self.lab.set_scenario("node2", "h100x8-thermal.json"),
+        job = self.lab.train("slow-rank", 10, during=lambda: self.lab.set_scenario("node2", "h100x8-thermal.json"),
                              extra=["--slow-node", "node2", "--slow-factor", "4"])
         report = self.triage_json(job)
         self.show_root(report)
@@ -302,8 +302,8 @@ class Demo:
 
     def thread_leak(self) -> None:
         self.step("The same job fresh and restored from a checkpoint: the restored one is slower")
-        fresh = self.lab.train("fresh", 80)
-        restored = self.lab.train("restored", 80, extra=["--restore-threads", "2"])
+        fresh = self.lab.train("fresh", 8)
+        restored = self.lab.train("restored", 8, extra=["--restore-threads", "2"])
         self.show(f"triage {restored} --baseline {fresh}")
         report = self.triage_json(restored, "--baseline", fresh)
         self.show_root(report, 1)

@@ -133,9 +133,10 @@ class Lab:
         subprocess.run([str(ROOT / "lab" / "set-scenario"), node, scenario], check=True,
                        capture_output=True, text=True, env={**os.environ, "LAB_DIR": str(self.dir)})
 
-    def train(self, mode: str, steps: int, nodes: str = "node1,node2", during: Optional[Callable[[], Any]] = None,
+    def train(self, mode: str, seconds: float, nodes: str = "node1,node2", during: Optional[Callable[[], Any]] = None,
               extra: Iterable[str] = (), triage: bool = True) -> str:
-        """The training stand-in (lab/workload/train.py) as a 2-node job of one rank per node,
+        """The training stand-in (lab/workload/train.py) for `seconds` as a 2-node job of one rank per node
+        (long enough for Prometheus, which scrapes every 5 s, to see it a few times),
         `srun --triage` by default; `during()` runs 2 s after the job started running (a fault
         injected mid-job). Returns the job
         id once the job's nodes are done and Prometheus has scraped its last step times."""
@@ -143,7 +144,8 @@ class Lab:
         train = str(self.checkout / "lab" / "workload" / "train.py")
         argv = ["runuser", "-u", TEST_USER, "--", "env", "-i", "PATH=/usr/bin:/bin", f"SLURM_CONF={self.slurm_conf}",
                 "srun"] + (["--triage"] if triage else []) + [
-                "-N2", "-n2", "-w", nodes, "/usr/bin/python3", train, "--mode", mode, "--steps", str(steps),
+                "-N2", "-n2", "-w", nodes, "/usr/bin/python3", train, "--mode", mode, "--steps", "1000000",
+                "--seconds", str(seconds),
                 "--pushgateway", self.pushgateway_url, "--bytes", "200000", "--work", "100000", "--log-every", "5",
                 *extra]
         proc = subprocess.Popen(argv, cwd=str(self.workdir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from .config import Config
+from .sinks import counters
 from .sinks.atomic import write_atomic
 
 TAG = "triage:"  # slurmctl.TAG; not imported: every Prolog reads suppressed_total(), few need scontrol
@@ -154,19 +155,8 @@ def note_drained(cfg: Config, node: str) -> None:
 
 def count_suppressed(cfg: Config) -> int:
     """Increment and return this node's persistent ``drain_suppressed_total``."""
-    n = suppressed_total(cfg) + 1
-    path = os.path.join(cfg.get("node", "state_dir"), SUPPRESSED_FILE)
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        write_atomic(path, f"{n}\n".encode(), mode=0o644, fsync=False)
-    except OSError:
-        pass
-    return n
+    return counters.bump(cfg, SUPPRESSED_FILE)
 
 
 def suppressed_total(cfg: Config) -> int:
-    try:
-        with open(os.path.join(cfg.get("node", "state_dir"), SUPPRESSED_FILE)) as fh:
-            return int(fh.read().strip() or 0)
-    except (OSError, ValueError):
-        return 0
+    return counters.read(cfg, SUPPRESSED_FILE)

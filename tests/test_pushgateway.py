@@ -440,6 +440,10 @@ def test_a_hung_gateway_gets_each_request_at_most_once_within_the_budget(pgw, tm
     cfg = make_cfg(tmp_path, pgw.url, timeout=1.0, retries=1)
     before = _handled(pgw, "delete", "delete")
     os.kill(pgw.proc.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 5  # the signal is asynchronous: wait until the gateway is stopped
+    while open(f"/proc/{pgw.proc.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "T":
+        assert time.monotonic() < deadline, "the gateway did not stop"
+        time.sleep(0.01)
     times = []
     try:
         for i in range(12):

@@ -14,7 +14,7 @@ def test_thermal_straggler_through_step_time(lab):
     for n in ("node1", "node2"):
         lab.set_scenario(n, "h100x8-busy.json")
     with lab.config(FAST):
-        job = lab.train("slow-rank", 200, during=lambda: lab.set_scenario("node2", "h100x8-thermal.json"),
+        job = lab.train("slow-rank", 12, during=lambda: lab.set_scenario("node2", "h100x8-thermal.json"),
                         extra=["--slow-node", "node2", "--slow-factor", "4"])
     report = triage(lab, job)
     root = report["findings"][0]
@@ -29,8 +29,8 @@ def test_restored_job_thread_leak_against_its_fresh_baseline(lab):
     for n in ("node1", "node2"):
         lab.set_scenario(n, "h100x8-busy.json")
     with lab.config(FAST):
-        fresh = lab.train("fresh", 80)
-        restored = lab.train("restored", 80, extra=["--restore-threads", "3"])
+        fresh = lab.train("fresh", 10)
+        restored = lab.train("restored", 10, extra=["--restore-threads", "3"])
     r = subprocess.run([str(labmod.ROOT / ".venv/bin/slurm-triage"), "triage", restored, "--baseline", fresh,
                         "--format", "json"], capture_output=True, text=True, timeout=120,
                        env={"PATH": "/usr/bin:/bin", "SLURM_CONF": lab.slurm_conf,

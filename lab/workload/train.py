@@ -18,6 +18,7 @@ like PyTorch's NCCL watchdog start, never exit and spin, competing with the trai
 ``slow-rank`` (the ranks on ``--slow-node`` compute ``--slow-factor`` times longer, as behind
 a throttled GPU); ``stuck-rank`` (rank ``--stuck-rank`` stops joining the collective at step
 ``--stuck-after``; the others spin in it until ``--timeout`` and exit 1, as a watchdog would).
+A run ends after ``--steps`` or, with ``--seconds``, once rank 0 has run that long.
 """
 from __future__ import annotations
 
@@ -190,7 +191,9 @@ def push_step_time(url: str, metric: str, job: str, node: str, rank: int, second
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mode", choices=MODES, default="fresh")
-    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--steps", type=int, default=100, help="at most this many steps")
+    ap.add_argument("--seconds", type=float, default=0.0,
+                    help="stop after this long (rank 0's clock; the ranks agree through the all-reduce)")
     ap.add_argument("--bytes", type=int, default=2 << 20, help="all-reduce size per step (default 2 MiB)")
     ap.add_argument("--work", type=int, default=200_000, help="compute units per step")
     ap.add_argument("--log-every", type=int, default=10)
@@ -214,7 +217,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             threading.Thread(target=spin_forever, daemon=True).start()
     ring = Ring(rank, world, master, a.timeout)
     work = int(a.work * (a.slow_factor if a.mode == "slow-rank" and node == a.slow_node else 1))
-    buf = os.urandom(a.bytes)
+    buf = os.urandom(max(a.bytes, 1))
+    t_start = time.monotonic()
     window: List[float] = []
     walls: List[float] = []
     for step in range(1, a.steps + 1):
@@ -225,18 +229,24 @@ def main(argv: Optional[List[str]] = None) -> int:
         t0 = time.perf_counter()
         compute(work)
         window.append(time.perf_counter() - t0)
+        # byte 0 carries rank 0's "stop" vote: the XOR of one 1 and zeros is 1 on every rank
+        stop = rank == 0 and a.seconds > 0 and time.monotonic() - t_start >= a.seconds
+        buf = bytes([1 if stop else 0]) + buf[1:]
         try:
             buf = ring.allreduce(buf)
         except (TimeoutError, ConnectionError) as e:
             log(rank, f"ERROR step {step}: all-reduce of {a.bytes} bytes failed: {e}")
             return 1
         walls.append(time.perf_counter() - t0)
-        if step % a.log_every == 0 or step == a.steps:
+        last = step == a.steps or buf[0] == 1
+        if step % a.log_every == 0 or last:
             mean = sum(window) / len(window)
             log(rank, f"step {step} step_time {mean:.4f} s wall {sum(walls) / len(walls):.4f} s")
             if a.pushgateway:
                 push_step_time(a.pushgateway, a.metric, job, node, rank, mean)
             window, walls = [], []
+        if last:
+            break
     ring.close()
     log(rank, f"done checksum {zlib.crc32(buf):08x}")
     return 0

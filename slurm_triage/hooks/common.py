@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from ..config import SCHEMA, Config, load
 from ..model import Finding, Verdict
 from ..printable import printable  # a file name with a newline or ANSI escape must not forge log lines
-from ..sinks.atomic import write_atomic
+from ..sinks import counters
 from .env import EnvError, JobEnv, from_environ
 
 LOG_MAX_BYTES = 1 << 20
@@ -77,27 +77,11 @@ def time_left() -> float:
 
 def count_internal_error(cfg: Config) -> int:
     """Increment and return the persistent internal-error counter of this node."""
-    path = os.path.join(cfg.get("node", "state_dir"), "internal_errors_total")
-    try:
-        with open(path) as fh:
-            n = int(fh.read().strip() or 0)
-    except (OSError, ValueError):
-        n = 0
-    n += 1
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        write_atomic(path, f"{n}\n".encode(), mode=0o644, fsync=False)
-    except OSError:
-        pass
-    return n
+    return counters.bump(cfg, "internal_errors_total")
 
 
 def internal_errors(cfg: Config) -> int:
-    try:
-        with open(os.path.join(cfg.get("node", "state_dir"), "internal_errors_total")) as fh:
-            return int(fh.read().strip() or 0)
-    except (OSError, ValueError):
-        return 0
+    return counters.read(cfg, "internal_errors_total")
 
 
 _WHO = re.compile(r"^(?:GPU \d* ?\([^)]*\)[:,]? ?)|(?: on GPU \d* ?\([^)]*\))")

@@ -9,6 +9,7 @@ line in the report's sources block, not a failure.
 from __future__ import annotations
 
 import argparse
+import os
 import calendar
 import re
 import sys
@@ -160,6 +161,11 @@ def run(args: argparse.Namespace) -> int:
             from .timeline import build
 
             text = render_html(result, build(cfg, result, nodes, args.since, args.until) if args.jobid else None)
+        elif args.format == "text":  # colour only for a terminal, and never when NO_COLOR is set
+            from .report import render_text
+
+            text = render_text(result, colour=args.output is None and sys.stdout.isatty()
+                               and not os.environ.get("NO_COLOR"))
         else:
             text = RENDERERS[args.format](result)
         _emit(text, args.output)

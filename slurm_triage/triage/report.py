@@ -114,7 +114,42 @@ def _job_line(r: TriageResult) -> str:
                 + (f", {when}" if when else ""))
 
 
-def render_text(r: TriageResult) -> str:
+# What an operator types first when the root cause sits on one node, by category; the others
+# (memory, config, scheduler, security) are fixed in the job or the site: their action says how.
+_NOW = {
+    "gpu_hardware": ('scontrol update nodename={node} state=drain reason="triage: {reason}"',
+                     "resubmit with sbatch --exclude={node} ..."),
+    "thermal_power": ("resubmit with sbatch --exclude={node} ...",
+                      'scontrol update nodename={node} state=drain reason="triage: {reason}"'),
+    "network": ("resubmit with sbatch --exclude={node} ...",),
+    "collective_hang": ("resubmit with sbatch --exclude={node} ...",),
+    "host_resources": ("resubmit with sbatch --exclude={node} ...",),
+}
+_ANSI = {"root": "\033[1;31m", "FAIL": "\033[31m", "WARN": "\033[33m", "now": "\033[1m", "off": "\033[0m"}
+
+
+def what_to_do_now(f: TriageFinding) -> str:
+    """One line: the command for a node-local root cause, else the finding's action."""
+    if f.node and f.category in _NOW:
+        reason = re.sub(r"[\"\\\s]+", " ", f.summary)[:60].strip()
+        return "; then ".join(t.format(node=f.node, reason=reason) for t in _NOW[f.category])
+    return f.action
+
+
+_COLOURED = re.compile(r"^(?P<root>ROOT CAUSE|FIRST ERROR)|^(?P<now>what to do now:)|(?<= verdict=)(?P<v>FAIL|WARN)(?= )")
+
+
+def _colour(line: str) -> str:
+    """ANSI colour for our own fixed words, applied after safe(): no log text can carry an escape."""
+    def paint(m: "re.Match[str]") -> str:
+        key = m.lastgroup if m.lastgroup != "v" else m.group("v")
+        return f"{_ANSI[key or 'off']}{m.group(0)}{_ANSI['off']}"
+    return _COLOURED.sub(paint, line)
+
+
+def render_text(r: TriageResult, colour: bool = False) -> str:
+    """The terminal report; ``colour`` (ANSI) only for a terminal that wants it (see cli)."""
+
     head = f"triage job {r.job}" if r.job else "triage of logs"
     lines = [head + (f": {_job_line(r)}" if _job_line(r) else ""), ""]
     if not r.findings:
@@ -122,6 +157,7 @@ def render_text(r: TriageResult) -> str:
     for i, f in enumerate(r.findings):
         if i == 0:
             lines.append(f"{'FIRST ERROR' if f.category == FALLBACK else 'ROOT CAUSE'} [{f.category}] {f.summary}")
+            lines.append("what to do now: " + what_to_do_now(f))
         else:
             rel = f"follows from {f.caused_by}" if f.caused_by else "independent"
             lines.append(f"- [{f.category}] {f.summary}  ({rel})")
@@ -136,7 +172,7 @@ def render_text(r: TriageResult) -> str:
         if i == 0 and len(r.findings) > 1:
             lines += ["", "then:"]
     lines += ["", "sources:"] + ["  " + s for s in _sources_line(r.sources)]
-    return "\n".join(safe(ln) for ln in lines) + "\n"
+    return "\n".join(_colour(safe(ln)) if colour else safe(ln) for ln in lines) + "\n"
 
 
 def render_markdown(r: TriageResult) -> str:

@@ -111,6 +111,9 @@ def stragglers(ev: JobEvidence) -> List[TriageFinding]:
             gpu=gs[0]["gpu"] if len(gs) == 1 else None,
             summary=f"straggler node {node}: " + "; ".join(parts) + " — the gang waits for it every step",
             action=f"take {node} out of the job (exclude it: sbatch --exclude={node}) and find why it is slow",
+            # a straggler is what a slow GPU or a starved CPU looks like: it follows from that cause
+            # (thermal, thread leak, contention) whenever one was found, and is the answer only alone
+            consequence=True,
             evidence={"step_time_seconds": slow_nodes.get(node), "job_median_step_seconds": med,
                       "peers_median_step_seconds": peers.get(node),
                       "slow_gpus": [{"gpu": g["gpu"], "uuid": g.get("uuid"), "sm_clock_mhz": g["clock"]} for g in gs],
