@@ -90,22 +90,16 @@ def _save_cache(cfg: Config, c: Census) -> None:
 def census(cfg: Config, timeout: float) -> Optional[Census]:
     """The cached census if fresh, else one sinfo call merged with the window's memory;
     None when sinfo did not answer and nothing is cached."""
-    import subprocess
-
-    from .slurmctl import tool_env
+    from .slurmctl import run_tool
 
     now = time.time()
     cached = _load_cache(cfg)
     if cached is not None and now - cached.taken < cfg.get("drain", "cache_seconds"):
         return cached
-    try:
-        r = subprocess.run([cfg.get("drain", "sinfo"), "-h", "-N", "-o", SINFO_FORMAT], capture_output=True,
-                           text=True, errors="replace", timeout=max(0.1, timeout), env=tool_env())
-    except (OSError, subprocess.TimeoutExpired):
+    out, _ = run_tool([cfg.get("drain", "sinfo"), "-h", "-N", "-o", SINFO_FORMAT], max(0.1, timeout))
+    if out is None:
         return cached
-    if r.returncode != 0:
-        return cached
-    partitions, ours = parse_sinfo(r.stdout, now)
+    partitions, ours = parse_sinfo(out, now)
     window = cfg.get("drain", "window_seconds")
     for node, t in (cached.ours.items() if cached else ()):
         if now - t <= window and node not in ours:

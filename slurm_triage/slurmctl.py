@@ -10,7 +10,7 @@ import re
 import subprocess
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from .config import Config
 
@@ -26,6 +26,8 @@ class NodeState:
     reason: str
     reason_time: Optional[float] = None
     """When the reason was set (unix time, from its ``[user@time]`` stamp), None: unknown."""
+    by: Optional[str] = None
+    """Who set it (the stamp's user), None: unknown."""
 
     @property
     def ours(self) -> bool:
@@ -53,6 +55,24 @@ def _scontrol(cfg: Config, args: List[str], timeout: float = 5.0) -> str:
     return r.stdout
 
 
+def run_tool(argv: List[str], timeout: float) -> Tuple[Optional[str], str]:
+    """A read-only Slurm query: (stdout, "") or (None, why), never raising. Output is user text
+    (job names, comments, reasons): a byte that is not UTF-8 is replaced, never fatal."""
+    try:
+        cp = subprocess.run(argv, capture_output=True, text=True, encoding="utf-8", errors="replace",
+                            timeout=timeout, env=tool_env(), cwd="/")
+    except FileNotFoundError:
+        return None, f"{argv[0]} not found"
+    except subprocess.TimeoutExpired:
+        return None, f"{os.path.basename(argv[0])} timed out after {timeout:.0f} s"
+    except OSError as e:
+        return None, f"{argv[0]}: {e}"
+    if cp.returncode != 0:
+        lines = (cp.stderr or cp.stdout).strip().splitlines()
+        return None, (lines[-1][:300] if lines else f"{argv[0]} exit {cp.returncode}")
+    return cp.stdout, ""
+
+
 def tool_env() -> Dict[str, str]:
     """The fixed environment of Slurm commands (scontrol, sacct): PATH, the C locale and the
     caller's SLURM_CONF; a hook or helper must never pass the job's environment on."""
@@ -66,14 +86,15 @@ def parse_node(text: str) -> NodeState:
     """Parse ``scontrol show node -o`` output (Reason may hold spaces; it ends at `[user@time]`)."""
     state = re.search(r"\bState=(\S+)", text)
     reason = re.search(r"\bReason=(.*?)(?: \[[^\]]*\])?(?= \w+=|$)", text.strip())
-    stamp = re.search(r"\bReason=.*? \[[^@\]]*@(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)\]", text)
+    stamp = re.search(r"\bReason=.*? \[([^@\]]*)@(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)\]", text)
     when = None
     if stamp:
         try:
-            when = time.mktime(time.strptime(stamp.group(1), "%Y-%m-%dT%H:%M:%S"))  # slurmctld's local time
+            when = time.mktime(time.strptime(stamp.group(2), "%Y-%m-%dT%H:%M:%S"))  # slurmctld's local time
         except (ValueError, OverflowError):
             when = None
-    return NodeState(state.group(1) if state else "", reason.group(1).strip() if reason else "", when)
+    return NodeState(state.group(1) if state else "", reason.group(1).strip() if reason else "", when,
+                     stamp.group(1) if stamp else None)
 
 
 def node_state(cfg: Config, node: str, timeout: float = 5.0) -> NodeState:

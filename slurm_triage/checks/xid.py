@@ -10,7 +10,7 @@ cause (on any GPU of the node) when it is logged, else they WARN and say what ca
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from .. import xid_codes
 from ..config import Config

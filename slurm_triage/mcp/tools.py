@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..config import Config
+from ..slurmctl import run_tool
 from . import guard
 
 MAX_ANSWER_BYTES = 32 << 10
@@ -339,22 +339,9 @@ def _window(since: Any, until: Any) -> Tuple[float, float]:
     return start, end
 
 
-def _run(argv: List[str], timeout: float) -> Tuple[Optional[str], Optional[str]]:
-    from ..slurmctl import tool_env
-
-    try:
-        cp = subprocess.run(argv, capture_output=True, timeout=timeout, env=tool_env(), cwd="/")
-    except (OSError, subprocess.TimeoutExpired, guard.GuardError) as e:
-        return None, f"{os.path.basename(argv[0])}: {e}"
-    if cp.returncode:
-        return None, f"{os.path.basename(argv[0])} exit {cp.returncode}: " + \
-            cp.stderr.decode("utf-8", "replace").strip()[:200]
-    return cp.stdout.decode("utf-8", "replace"), None
-
-
 def _sinfo_reasons(cfg: Config, node: str) -> Dict[str, Any]:
     sinfo = os.path.join(os.path.dirname(cfg.get("hooks", "scontrol")), "sinfo")
-    out, err = _run([sinfo, "-h", "-N", "-n", node, "-o", "%N|%T|%E|%u|%H"], 10.0)
+    out, err = run_tool([sinfo, "-h", "-N", "-n", node, "-o", "%N|%T|%E|%u|%H"], 10.0)
     if out is None:
         return {"read": False, "error": err}
     rows = [ln.split("|", 4) for ln in out.splitlines() if ln.count("|") >= 4]
@@ -372,7 +359,7 @@ _FAILED = ("FAILED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY", "CANCELLED", "PREE
 def _failed_jobs(sacct: str, node: str, start: float, end: float, timeout: float) -> Dict[str, Any]:
     fmt = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(start)), time.strftime(
         "%Y-%m-%dT%H:%M:%S", time.localtime(end))
-    out, err = _run([sacct, "-n", "-P", "-X", "-a", "-N", node, "-S", fmt[0], "-E", fmt[1],
+    out, err = run_tool([sacct, "-n", "-P", "-X", "-a", "-N", node, "-S", fmt[0], "-E", fmt[1],
                      "-o", "JobID,JobName,User,State,ExitCode,Start,End,NodeList"], timeout)
     if out is None:
         return {"read": False, "error": err}
@@ -387,15 +374,13 @@ def _failed_jobs(sacct: str, node: str, start: float, end: float, timeout: float
 
 def _state_records(cfg: Config, node: str, start: float, end: float) -> List[Dict[str, Any]]:
     """Our Prolog/Epilog records on ``node`` in the window, newest first (readable state dirs only)."""
-    from dataclasses import replace
-
     from ..gate import state_dir_template
     from ..sinks import state
+    from ..triage.sources.pushgateway import node_config
 
-    node_dir = state_dir_template(cfg).replace("{node}", node)
-    node_cfg = replace(cfg, values={**cfg.values, "node": {**cfg.values["node"], "state_dir": node_dir}})
+    node_cfg = node_config(cfg, state_dir_template(cfg), node)
     try:
-        names = [n for n in os.listdir(os.path.join(node_dir, "jobs")) if n.isdigit()]
+        names = [n for n in os.listdir(os.path.join(node_cfg.get("node", "state_dir"), "jobs")) if n.isdigit()]
     except OSError:
         return []
     out = []

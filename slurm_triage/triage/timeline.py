@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import re
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -172,41 +171,30 @@ def shape_series(answer: List[Dict[str, Any]], source: str, node_label: str, gpu
 
 
 def parse_drains(text: str) -> Dict[str, Dict[str, Any]]:
-    """Pure: drained nodes from ``scontrol show node -o`` output: {node: {state, reason, ours, time}}.
-    Slurm prints the reason's time (``[user@2026-12-01T10:20:30]``) in its local time."""
+    """Pure: drained nodes from ``scontrol show node -o`` output: {node: {state, reason, ours, time, by}}
+    (each line read by slurmctl.parse_node, the parser the drain/resume paths use)."""
+    from ..slurmctl import parse_node
+
     out: Dict[str, Dict[str, Any]] = {}
     for line in text.splitlines():
         name = re.search(r"\bNodeName=(\S+)", line)
-        state = re.search(r"\bState=(\S+)", line)
-        if not name or not state or "DRAIN" not in state.group(1):
-            continue
-        m = re.search(r"\bReason=(.*?)(?: \[([^\]@]*)@([0-9T:-]+)\])?(?= \w+=|$)", line.strip())
-        reason = m.group(1).strip() if m else ""
-        when = None
-        if m and m.group(3):
-            try:
-                when = time.mktime(time.strptime(m.group(3), "%Y-%m-%dT%H:%M:%S"))
-            except ValueError:
-                when = None
-        out[name.group(1)] = {"state": state.group(1), "reason": reason, "ours": reason.startswith("triage:"),
-                              "time": when, "by": m.group(2) if m else None}
+        n = parse_node(line)
+        if name and "DRAIN" in n.state:
+            out[name.group(1)] = {"state": n.state, "reason": n.reason, "ours": n.ours, "time": n.reason_time,
+                                  "by": n.by}
     return out
 
 
 def fetch_drains(scontrol: str, nodes: Sequence[str], timeout: float = 5.0) -> Tuple[Dict[str, Dict[str, Any]], Dict[str, Any]]:
     """The nodes' current drains (one scontrol call) and the source record."""
-    from ..slurmctl import tool_env
+    from ..slurmctl import run_tool
 
     if not nodes:
         return {}, {"read": False, "error": "no nodes"}
-    try:
-        cp = subprocess.run([scontrol, "show", "node", "-o", ",".join(nodes)], capture_output=True, text=True,
-                            encoding="utf-8", errors="replace", timeout=timeout, env=tool_env(), cwd="/")
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return {}, {"read": False, "error": f"{scontrol}: {e}"}
-    if cp.returncode != 0 and not cp.stdout:
-        return {}, {"read": False, "error": f"{scontrol} show node: {(cp.stderr or '').strip()[:200]}"}
-    found = parse_drains(cp.stdout)
+    out, err = run_tool([scontrol, "show", "node", "-o", ",".join(nodes)], timeout)
+    if out is None:
+        return {}, {"read": False, "error": f"{scontrol} show node: {err}"}
+    found = parse_drains(out)
     return found, {"read": True, "drained": sorted(found)}
 
 

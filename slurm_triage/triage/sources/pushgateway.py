@@ -135,6 +135,12 @@ def fetch_groups(url: str, timeout: float) -> List[Dict[str, Any]]:
     return data["data"]
 
 
+def node_config(cfg: Config, template: str, node: str) -> Config:
+    """``cfg`` as seen by ``node``'s hooks: its state dir (``{node}`` in the template filled)."""
+    return replace(cfg, values={**cfg.values, "node": {**cfg.values["node"],
+                                                       "state_dir": template.replace("{node}", node)}})
+
+
 def read_state(cfg: Config, job_id: str, nodes: Sequence[str]) -> Dict[str, Dict[str, Any]]:
     """``{node: {"prolog": rec, "epilog": rec}}`` for the state files this process can read."""
     from ...gate import state_dir_template
@@ -143,8 +149,7 @@ def read_state(cfg: Config, job_id: str, nodes: Sequence[str]) -> Dict[str, Dict
     template = state_dir_template(cfg)
     out: Dict[str, Dict[str, Any]] = {}
     for node in nodes:
-        node_cfg = replace(cfg, values={**cfg.values, "node": {**cfg.values["node"],
-                                                               "state_dir": template.replace("{node}", node)}})
+        node_cfg = node_config(cfg, template, node)
         for kind in ("prolog", "epilog"):
             try:
                 rec = state.load(node_cfg, job_id, kind)

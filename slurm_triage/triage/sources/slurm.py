@@ -10,15 +10,13 @@ environment: triage may run as root, and the caller's PATH must not choose the b
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from ...gate import HostlistError, expand_hostlist
-from ...slurmctl import tool_env
+from ...slurmctl import run_tool as _run
 
 _SACCT_FIELDS = ("JobID", "State", "ExitCode", "Start", "End", "NodeList", "Reason", "Timelimit", "Submit")
 
@@ -46,24 +44,6 @@ class JobFacts:
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
-
-
-def _run(argv: List[str], timeout: float) -> Tuple[Optional[str], str]:
-    """(stdout, "") or (None, why)."""
-    try:
-        # Job names and comments are user text: a byte that is not UTF-8 is replaced, never fatal.
-        cp = subprocess.run(argv, capture_output=True, text=True, encoding="utf-8", errors="replace",
-                            timeout=timeout, env=tool_env(), cwd="/")
-    except FileNotFoundError:
-        return None, f"{argv[0]} not found"
-    except subprocess.TimeoutExpired:
-        return None, f"{os.path.basename(argv[0])} timed out after {timeout:.0f} s"
-    except OSError as e:
-        return None, f"{argv[0]}: {e}"
-    if cp.returncode != 0:
-        lines = (cp.stderr or cp.stdout).strip().splitlines()
-        return None, (lines[-1][:300] if lines else f"{argv[0]} exit {cp.returncode}")
-    return cp.stdout, ""
 
 
 def parse_time(text: Optional[str]) -> Optional[float]:
