@@ -50,6 +50,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, Fleet(args.procs, job_id=args.fleet_job):
         variants: Dict[str, List[str]] = {
             "python -I -c pass (floor)": [py, "-I", "-c", "pass"],
+            "python -I -c 'import psutil'": [py, "-I", "-c", "import psutil"],
             "check, all collectors": [py, "-I", "-m", "slurm_triage", "--config", _config(tmp, True, lib),
                                       "check", "--format", "json"],
             "check, no GPU": [py, "-I", "-m", "slurm_triage", "--config", _config(tmp, False, lib),
@@ -73,6 +74,8 @@ def main() -> None:
            "median_seconds": {k: round(v, 4) for k, v in med.items()},
            "min_seconds": {k: round(min(v), 4) for k, v in times.items()},
            "ratio_no_gpu_vs_full": round(med["check, no GPU"] / full, 3),
+           "ratio_check_vs_import_psutil": round(full / med["python -I -c 'import psutil'"], 2),
+           "load_average": [round(x, 2) for x in os.getloadavg()],
            "goal_seconds": 0.3, "meets_goal": full <= 0.3}
     if args.format == "json":
         print(json.dumps(out, indent=1))
@@ -81,6 +84,8 @@ def main() -> None:
           f"{' of dead job ' + args.fleet_job if args.fleet_job else ''}, 8-GPU fake NVML ({args.scenario})")
     for k, v in med.items():
         print(f"  {k:<28} median {v * 1000:7.1f} ms   min {min(times[k]) * 1000:7.1f} ms")
+    print(f"  check / import psutil: {out['ratio_check_vs_import_psutil']} (goal ≤ 2.5)   load average "
+          f"{' '.join(map(str, out['load_average']))}")
     print(f"  no-GPU / full ratio: {out['ratio_no_gpu_vs_full']}   goal ≤ 300 ms: "
           f"{'met' if out['meets_goal'] else 'NOT met'}")
 

@@ -31,9 +31,9 @@ from typing import Any, Dict, List
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from slurm_triage import gate  # noqa: E402
+from slurm_triage.step import gate# noqa: E402
 from slurm_triage.model import Finding, Verdict  # noqa: E402
-from slurm_triage.sampling import peer_figures  # noqa: E402
+from slurm_triage.step.sampling import peer_figures  # noqa: E402
 from slurm_triage.sinks import exposition, peer_metrics  # noqa: E402
 from slurm_triage.sinks.pushgateway import group_path  # noqa: E402
 

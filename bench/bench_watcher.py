@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from slurm_triage import watcher  # noqa: E402
+from slurm_triage.step import watcher# noqa: E402
 from slurm_triage.config import Config, defaults  # noqa: E402
 
 

@@ -20,12 +20,13 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -34,6 +35,7 @@ from labctl import DEFAULT_SCENARIO, ROOT, TEST_USER, Lab, find  # noqa: E402
 CLI = str(ROOT / ".venv" / "bin" / "slurm-triage")
 GREEN, RED, BOLD, DIM, OFF = ("\033[32m", "\033[31m", "\033[1m", "\033[2m", "\033[0m") \
     if sys.stdout.isatty() else ("",) * 5
+LEAKED_THREADS = 6  # per rank of the restored job: enough to slow it whatever else the machine runs
 DEMO_CONFIG = """
 # --- added by lab/demo.py for the demo (removed when it ends) ---
 [watcher]
@@ -48,6 +50,7 @@ class Demo:
         self.lab = lab
         self.failures: List[str] = []
         self.t0 = time.monotonic()
+        self.steps: List[Tuple[Any, ...]] = []  # (title, start[, seconds])
         self.work = lab.dir / "demo"
         self.work.mkdir(exist_ok=True)
         os.chmod(self.work, 0o1777)
@@ -55,7 +58,20 @@ class Demo:
 
     # -- output ----------------------------------------------------------------------
     def step(self, title: str) -> None:
-        print(f"\n{BOLD}==> {title}{OFF}  {DIM}[{time.monotonic() - self.t0:5.1f} s]{OFF}")
+        now = time.monotonic()
+        self.end_step(now)
+        self.steps.append((title, now))
+        print(f"\n{BOLD}==> {title}{OFF}  {DIM}[{now - self.t0:5.1f} s]{OFF}")
+
+    def end_step(self, now: float) -> None:
+        """Close the running step: print how long it took (the stories must fit the demo's budget)."""
+        if self.steps and len(self.steps[-1]) == 2:
+            title, start = self.steps[-1]
+            self.steps[-1] = (title, start, now - start)
+            print(f"    {DIM}({now - start:.1f} s){OFF}")
+
+    def timing(self) -> str:
+        return "\n".join(f"{t[2]:5.1f} s  {t[0][:80]}" for t in self.steps if len(t) == 3)
 
     def show(self, text: str) -> None:
         for line in text.rstrip().splitlines():
@@ -173,7 +189,7 @@ class Demo:
         return job
 
     def expand(self, hostlist: str) -> List[str]:
-        from slurm_triage.gate import expand_hostlist
+        from slurm_triage.step.gate import expand_hostlist
 
         return expand_hostlist(hostlist)
 
@@ -192,11 +208,8 @@ class Demo:
         self.step("srun --triage: node4's GPUs switch to 100 % util at idle power mid-step (NCCL hang)")
         self.lab.wait_idle(["node1", "node3", "node4"])  # the last job's Epilogs read the old scenario
         self.lab.set_scenario("node4", "h100x8-busy.json")
-        proc = subprocess.Popen(["runuser", "-u", TEST_USER, "--", "env", "-i", "PATH=/usr/bin:/bin",
-                                 f"SLURM_CONF={self.lab.slurm_conf}", "srun", "--triage", "-N3", "-w",
-                                 "node1,node3,node4", "sh", "-c",
-                                 'test "$SLURM_NODEID" = 0 && echo $SLURM_JOB_ID; sleep 12'],
-                                cwd=str(self.lab.workdir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        release = self.work / "hang-release"
+        proc = self.job_until(release, "--triage", "-N3", "-w", "node1,node3,node4")
         time.sleep(3)
         self.lab.set_scenario("node4", "h100x8-nccl-hang.json")
 
@@ -210,6 +223,10 @@ class Demo:
 
         g = self.wait(hang, 25)
         self.expect(g is not None, "the watcher on node4 pushed slurm_triage_hang_suspected 1")
+        if g:  # the job ends once Prometheus holds the flag: triage reads the job's time window there
+            sel = f'instance="node4",slurm_job_id="{g["labels"].get("slurm_job_id")}"'
+            self.wait(lambda: self.lab.prom(f"max_over_time(slurm_triage_hang_suspected{{{sel}}}[5m]) == 1"), 20)
+        release.touch()
         out, _ = proc.communicate(timeout=60)
         job = int(out.split()[0]) if out.split() else 0
         bundles = sorted((Path("/tmp") / f"slurm-triage-{self.uid()}" / str(job)).glob("hang-node4-*.json"))
@@ -223,6 +240,17 @@ class Demo:
         self.expect(self.wait(lambda: not watchers(), 5), "no watcher process outlived the step")
         self.lab.set_scenario("node4", DEFAULT_SCENARIO)
         return job
+
+    def job_until(self, release: Path, *srun_args: str, seconds: int = 30) -> subprocess.Popen:
+        """`srun ARGS` of a job that prints its id (node 0) and runs until the demo creates
+        `release` (at most `seconds`): as long as what the story must see takes, no longer."""
+        if release.exists():
+            release.unlink()
+        wait = f"i=0; while [ ! -e {release} ] && [ $i -lt {seconds * 10} ]; do sleep 0.1; i=$((i+1)); done"
+        return subprocess.Popen(["runuser", "-u", TEST_USER, "--", "env", "-i", "PATH=/usr/bin:/bin",
+                                 f"SLURM_CONF={self.lab.slurm_conf}", "srun", *srun_args, "sh", "-c",
+                                 f'test "$SLURM_NODEID" = 0 && echo "$SLURM_JOB_ID"; {wait}'],
+                                cwd=str(self.lab.workdir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def uid(self) -> int:
         import pwd
@@ -284,8 +312,8 @@ class Demo:
         self.step("A training job whose rank on node2 lags: step time finds the node, the GPU says why")
         for n in ("node1", "node2"):
             self.lab.set_scenario(n, "h100x8-busy.json")
-        job = self.lab.train("slow-rank", 10, during=lambda: self.lab.set_scenario("node2", "h100x8-thermal.json"),
-                             extra=["--slow-node", "node2", "--slow-factor", "4"])
+        job = self.lab.train("slow-rank", 3, during=lambda: self.lab.set_scenario("node2", "h100x8-thermal.json"),
+                             extra=["--slow-node", "node2", "--slow-factor", "6"])
         report = self.triage_json(job)
         self.show_root(report)
         root = (report["findings"] or [{}])[0]
@@ -302,31 +330,52 @@ class Demo:
 
     def thread_leak(self) -> None:
         self.step("The same job fresh and restored from a checkpoint: the restored one is slower")
-        fresh = self.lab.train("fresh", 8)
-        restored = self.lab.train("restored", 8, extra=["--restore-threads", "2"])
+        # In sequence: the lab's nodes share one kernel, and the run queue is the node's (/proc/stat).
+        fresh = self.lab.train("fresh", 3)
+        restored = self.lab.train("restored", 3, extra=["--restore-threads", str(LEAKED_THREADS)])
         self.show(f"triage {restored} --baseline {fresh}")
         report = self.triage_json(restored, "--baseline", fresh)
         self.show_root(report, 1)
         root = (report["findings"] or [{}])[0]
-        self.expect(root.get("id") == "metric.baseline.threads" and "pt_nccl_watchdg" in root.get("summary", ""),
-                    "triage names the leaked communicator threads against the fresh run")
+        self.expect(root.get("id") == "metric.baseline.threads"
+                    and f"pt_nccl_watchdg x{LEAKED_THREADS} in pid" in root.get("summary", ""),
+                    f"triage names the {LEAKED_THREADS} leaked communicator threads of a rank against the fresh run")
 
-    def rdma_retransmits(self) -> None:
-        self.step("RDMA retransmits climb on node2's port during a job")
-        proc = subprocess.Popen(["runuser", "-u", TEST_USER, "--", "env", "-i", "PATH=/usr/bin:/bin",
-                                 f"SLURM_CONF={self.lab.slurm_conf}", "srun", "-N2", "-w", "node1,node2", "sh", "-c",
-                                 'test "$SLURM_NODEID" = 0 && echo "$SLURM_JOB_ID"; sleep 3'],
-                                cwd=str(self.lab.workdir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(1.5)
-        self.lab.set_rdma("node2", "local_ack_timeout_err+=300", "out_of_sequence+=1200", "symbol_error+=25")
-        out, _ = proc.communicate(timeout=60)
-        self.lab.wait_idle(["node1", "node2"])
-        report = self.triage_json(out.split()[0])
+    def start_rdma_job(self) -> Dict[str, Any]:
+        """The RDMA story's job on node3 and node4, started before the thermal story (it needs no CPU,
+        they share no node): a thread advances node4's counters once both Prologs took their baseline."""
+        release = self.work / "rdma-release"
+        story: Dict[str, Any] = {"t0": time.monotonic(), "proc": self.job_until(release, "-N2", "-w", "node3,node4")}
+
+        def drive() -> None:
+            try:
+                story["job"] = story["proc"].stdout.readline().strip()
+                if self.wait(lambda: all(self.state(n, int(story["job"]), "prolog") for n in ("node3", "node4")), 30):
+                    self.lab.set_rdma("node4", "local_ack_timeout_err+=300", "out_of_sequence+=1200", "symbol_error+=25")
+                    time.sleep(2)  # the Epilog gives rates per second of the job: let it last
+            except Exception as e:  # noqa: BLE001 - reported by rdma_retransmits
+                story["error"] = f"{type(e).__name__}: {e}"
+            finally:
+                release.touch()
+
+        story["thread"] = threading.Thread(target=drive, daemon=True)
+        story["thread"].start()
+        return story
+
+    def rdma_retransmits(self, story: Dict[str, Any]) -> None:
+        self.step("RDMA retransmits climbed on node4's port during a job (it ran alongside the last story)")
+        story["thread"].join(60)
+        out, err = story["proc"].communicate(timeout=60)
+        self.lab.wait_idle(["node3", "node4"])
+        self.show(f"job {story.get('job')} on node[3-4]: {time.monotonic() - story['t0']:.1f} s from its srun")
+        report = self.triage_json(story.get("job") or "0")
         net = [f for f in report["findings"] if f["category"] == "network"]
         self.show_root({"findings": net}, 1)
-        self.expect(bool(net) and net[0]["node"] == "node2" and "mlx5_0 port 1" in net[0]["summary"],
-                    "triage names node2's mlx5_0 port 1 and the counters' rates")
-        self.lab.set_rdma("node2", reset=True)
+        self.expect(not story.get("error") and story["proc"].returncode == 0 and bool(net)
+                    and net[0]["node"] == "node4" and "mlx5_0 port 1" in net[0]["summary"] and "/s)" in net[0]["summary"],
+                    "triage names node4's mlx5_0 port 1 and the counters' rates"
+                    + (f" ({story['error'] or err.strip()[-200:]})" if story.get("error") or story["proc"].returncode else ""))
+        self.lab.set_rdma("node4", reset=True)
 
     def restore(self) -> None:
         self.step("The operator resumes node2 once its GPU is back (only our drain reasons are ours to clear)")
@@ -361,9 +410,10 @@ def main() -> int:
         jobs.append(demo.watcher_catches_a_hang())
         demo.summaries(jobs)
         demo.restore()
+        rdma = demo.start_rdma_job()
         demo.thermal_straggler()
+        demo.rdma_retransmits(rdma)
         demo.thread_leak()
-        demo.rdma_retransmits()
     except Exception as e:  # noqa: BLE001 - the demo reports, then restores the lab
         demo.expect(False, f"demo step failed: {type(e).__name__}: {e}")
     finally:
@@ -373,6 +423,9 @@ def main() -> int:
             p.unlink()
         lab.reset()
     took = time.monotonic() - demo.t0
+    demo.end_step(time.monotonic())
+    print(f"\n{BOLD}timing{OFF}")
+    demo.show(demo.timing())
     if demo.failures:
         print(f"\n{RED}{BOLD}demo: {len(demo.failures)} expectation(s) failed in {took:.0f} s:{OFF}")
         for f in demo.failures:

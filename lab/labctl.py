@@ -5,12 +5,16 @@ the unprivileged user `triage-test`, as on a real cluster, and every wait has a 
 """
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shlex
 import signal
 import subprocess
+import threading
 import time
+import urllib.parse
+import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
@@ -134,35 +138,72 @@ class Lab:
                        capture_output=True, text=True, env={**os.environ, "LAB_DIR": str(self.dir)})
 
     def train(self, mode: str, seconds: float, nodes: str = "node1,node2", during: Optional[Callable[[], Any]] = None,
-              extra: Iterable[str] = (), triage: bool = True) -> str:
-        """The training stand-in (lab/workload/train.py) for `seconds` as a 2-node job of one rank per node
-        (long enough for Prometheus, which scrapes every 5 s, to see it a few times),
-        `srun --triage` by default; `during()` runs 2 s after the job started running (a fault
-        injected mid-job). Returns the job
-        id once the job's nodes are done and Prometheus has scraped its last step times."""
-        self.wait_idle(nodes.split(","))
+              extra: Iterable[str] = (), triage: bool = True, scrapes: int = 1, timeout: float = 90) -> str:
+        """The training stand-in (lab/workload/train.py) as a 2-node job of one rank per node,
+        `srun --triage` by default; `during()` runs 1 s after the ranks started (a fault injected
+        mid-job: the Prologs are done). The job runs at least `seconds` and until Prometheus holds
+        `scrapes` samples of every node's step time (and, with --triage, of its watcher's series),
+        whatever the scrape interval's phase and the machine's load. Each rank pushes the mean
+        step time of its last 50 steps or 1 s, whichever is shorter: one scrape reads a stable
+        figure. Returns the job id once the job's nodes are done."""
+        names = nodes.split(",")
+        self.wait_idle(names)
+        stop = self.workdir / f"stop-{os.getpid()}-{time.monotonic_ns()}"
         train = str(self.checkout / "lab" / "workload" / "train.py")
         argv = ["runuser", "-u", TEST_USER, "--", "env", "-i", "PATH=/usr/bin:/bin", f"SLURM_CONF={self.slurm_conf}",
                 "srun"] + (["--triage"] if triage else []) + [
-                "-N2", "-n2", "-w", nodes, "/usr/bin/python3", train, "--mode", mode, "--steps", "1000000",
-                "--seconds", str(seconds),
-                "--pushgateway", self.pushgateway_url, "--bytes", "200000", "--work", "100000", "--log-every", "5",
-                *extra]
-        proc = subprocess.Popen(argv, cwd=str(self.workdir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        if during:  # only once the Prologs are done: a fault before would drain the node instead
-            deadline = time.monotonic() + 60
-            while proc.poll() is None and time.monotonic() < deadline and not self.run(
-                    "squeue", "-h", "-t", "R", "-n", "python3", "-o", "%i", user=None).stdout.strip():
-                time.sleep(0.2)
-            time.sleep(2)
-            during()
-        out, err = proc.communicate(timeout=300)
+                "-N2", "-n2", "-w", nodes, "-t", "5", "/usr/bin/python3", train, "--mode", mode, "--steps", "100000000",
+                "--seconds", str(seconds), "--until-file", str(stop), "--pushgateway", self.pushgateway_url,
+                "--bytes", "200000", "--work", "100000", "--log-every", "50", "--log-seconds", "1", *extra]
+        proc = subprocess.Popen(argv, cwd=str(self.workdir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines: List[str] = []
+
+        def read() -> None:
+            for line in proc.stdout or ():
+                lines.append(line)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        metrics = ["tb_perf_step_time_seconds"] + (["slurm_triage_watch_threads"] if triage else [])
+
+        def started() -> str:  # the job id once rank 0 logged its start; "-" if srun ended before
+            found = [ln.split("job=", 1)[1].split()[0] for ln in list(lines) if "[rank0] start " in ln]
+            return found[0] if found else ("" if proc.poll() is None else "-")
+
+        def enough(job: str) -> bool:
+            return proc.poll() is not None or all(self.scraped(m, job, names, scrapes) for m in metrics)
+
+        try:
+            job = _wait(started, bool, timeout, "the ranks' start")
+            if job != "-":
+                if during:
+                    time.sleep(1)
+                    during()
+                _wait(lambda: enough(job), bool, timeout, f"{scrapes} scrape(s) of {metrics} of job {job} on {nodes}")
+        finally:
+            stop.touch()
+            try:
+                proc.wait(timeout=120)
+            finally:
+                reader.join(5)
+                stop.unlink()
         if proc.returncode:
-            raise RuntimeError(f"training job failed ({proc.returncode}): {err.strip()[-500:]}")
-        for n in nodes.split(","):
+            raise RuntimeError(f"training job failed ({proc.returncode}): {''.join(lines).strip()[-500:]}")
+        for n in names:
             self.wait_node(n, lambda s: "COMPLETING" not in s)
-        time.sleep(6)  # one more Prometheus scrape (5 s) of the Pushgateway
-        return out.split("job=", 1)[1].split()[0]
+        return job
+
+    def prom(self, query: str) -> List[Dict[str, Any]]:
+        """An instant PromQL query against the lab's Prometheus: the result vector."""
+        url = self.prometheus_url + "/api/v1/query?" + urllib.parse.urlencode({"query": query})
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return json.load(r)["data"]["result"]
+
+    def scraped(self, metric: str, job: str, nodes: Iterable[str], n: int = 1) -> bool:
+        """Prometheus holds at least n samples of the job's `metric` for every one of the nodes."""
+        res = self.prom(f'min by (instance) (count_over_time({metric}{{slurm_job_id="{job}"}}[10m]))')
+        have = {r["metric"].get("instance"): float(r["value"][1]) for r in res}
+        return all(have.get(node, 0) >= n for node in nodes)
 
     def set_rdma(self, node: str, *assignments: str, reset: bool = False) -> None:
         """Advance NODE's InfiniBand counters (``symbol_error+=5``, ``link_downed=1``: lab/set-rdma)."""

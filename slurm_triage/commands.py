@@ -11,7 +11,7 @@ def _triage(sub: Any) -> None:
 
 
 def _gate(sub: Any) -> None:
-    from .gate import register
+    from .step.gate import register
 
     register(sub)
 

@@ -18,21 +18,33 @@ import signal
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 _IN_PROBE = False
 """True inside a probe's child: its own children join its process group."""
 
 
-def _die_with(parent: int) -> None:
+_PRCTL: List[Optional[Callable[..., int]]] = []
+"""libc's prctl, looked up once in the parent: each child importing ctypes cost ~10 ms of CPU."""
+
+
+def _libc_prctl() -> Optional[Callable[..., int]]:
+    if not _PRCTL:
+        try:
+            import ctypes
+
+            _PRCTL.append(ctypes.CDLL(None, use_errno=True).prctl)
+        except (OSError, AttributeError):
+            _PRCTL.append(None)
+    return _PRCTL[0]
+
+
+def _die_with(parent: int, prctl: Optional[Callable[..., int]]) -> None:
     """A probe must not outlive a hook that was SIGKILLed (OOM killer), nor a probe's helper
     its probe: the kernel kills the child when its parent dies (PR_SET_PDEATHSIG)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1: PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
+    if prctl is None:
         return
+    prctl(1, int(signal.SIGKILL))  # 1: PR_SET_PDEATHSIG
     if os.getppid() != parent:  # it died before the call
         os._exit(1)
 
@@ -77,6 +89,7 @@ def run_probes(probes: Dict[str, Tuple[Callable[[], Any], float]],
     running: Dict[int, Tuple[str, int, float, bytearray]] = {}  # rfd -> (name, pid, deadline, buf)
     results: Dict[str, ProbeResult] = {}
     parent = os.getpid()
+    prctl = _libc_prctl()
     for name, (fn, seconds) in probes.items():
         rfd, wfd = os.pipe()
         pid = os.fork()
@@ -84,7 +97,7 @@ def run_probes(probes: Dict[str, Tuple[Callable[[], Any], float]],
             _IN_PROBE = True
             if own_group:
                 os.setpgid(0, 0)
-            _die_with(parent)
+            _die_with(parent, prctl)
             os.close(rfd)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             _child(fn, wfd)

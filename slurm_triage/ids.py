@@ -10,6 +10,10 @@ from __future__ import annotations
 import re
 
 JOB_ID = re.compile(r"[0-9]{1,12}")
+SLUID = re.compile(r"s[0-9A-F][0-9A-HJKMNP-TV-Z]{12}")
+"""Slurm >= 26.05's job SLUID as Slurm prints it (src/common/sluid.c print_sluid): "s" and a
+64-bit id in 13 Crockford base32 digits, the first of which holds only the top 4 bits.
+Names the job's cgroup v2 directory and is SLURM_JOB_SLUID in the Prolog/Epilog and the job."""
 STEP_ID = re.compile(r"[0-9]{1,10}|batch|extern|interactive")
 """A decimal step id or one of the named steps (the plugin's step_name())."""
 NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -27,6 +31,10 @@ TRIAGE_MODES = STEP_MODES + ("off",)
 
 def is_job_id(s: str) -> bool:
     return JOB_ID.fullmatch(s) is not None
+
+
+def is_sluid(s: str) -> bool:
+    return SLUID.fullmatch(s) is not None
 
 
 def is_node(s: str) -> bool:

@@ -7,7 +7,7 @@
  *   - sbatch/salloc/srun (init_post_opt): SPANK_TRIAGE=<mode> for the Prolog/Epilog
  *     (spank_job_control_setenv; the only way a SPANK option reaches them);
  *   - srun (local_user_init, as the user): the gang gate,
- *       <python> -I -m slurm_triage.spank gate
+ *       <python> -I -m slurm_triage.step.spank gate
  *     exit 1 = blocked -> return -1, so nothing launches (a negative return from a
  *     `required` plugin in local_user_init is the one failure that stops a whole step);
  *   - slurmstepd (user_init / exit, as root): watch-start / watch-stop, run as the job's
@@ -20,7 +20,25 @@
  *            [config=/abs/config.toml] [gate_timeout=30] [hook_timeout=10]
  * A bad plugin line is reported only to users who pass --triage, and then fails open.
  *
- * Build: make -C spank (gcc -shared -fPIC -I/usr/include/slurm; Slurm 22.05 .. 24.11).
+ * Return values (docs/spank-returns.md). Slurm up to 24.11 fails a callback only on a
+ * negative return; since 25.05 (commit 74ff6df484, "Consider all non-zero returns from
+ * SPANK functions an error") any non-zero return does, and slurm_spank_init_failure_mode
+ * decides whether a failed slurm_spank_init drains the node (ESPANK_NODE_FAILURE, the
+ * default) or fails the job (ESPANK_JOB_FAILURE). Every callback here returns 0 or -1, so
+ * it means the same on 22.05, 24.11 and >= 25.05, and -1 only where blocking is the point:
+ *   option callback, local/allocator: -1 for an invalid --triage value: srun/sbatch/salloc
+ *       refuse the command line (exit 1, no job exists, nothing drains);
+ *   option callback, remote: 0 (Slurm would only log it; the step runs, not watched);
+ *   slurm_spank_init: 0 (a failed option registration is logged; a non-zero init in
+ *       slurmstepd of a batch job would drain the node);
+ *   slurm_spank_init_post_opt: 0 (a failed setenv is logged);
+ *   slurm_spank_local_user_init: -1 only when the gang gate said "blocked": srun exits 1
+ *       before any task starts, nothing drains; a gate that fails, times out or cannot
+ *       run gives 0 (launch anyway);
+ *   slurm_spank_user_init, slurm_spank_exit: 0 (a non-zero user_init in a batch step
+ *       drains the node on every release; the watcher is never worth that).
+ *
+ * Build: make -C spank (gcc -shared -fPIC -I/usr/include/slurm; Slurm 22.05 .. 26.05).
  */
 #define _GNU_SOURCE /* pipe2 */
 #include <errno.h>
@@ -39,9 +57,17 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <slurm/slurm_errno.h>
+#include <slurm/slurm_version.h>
 #include <slurm/spank.h>
 
 SPANK_PLUGIN(slurm_triage, 1);
+
+#if SLURM_VERSION_NUMBER >= SLURM_VERSION_NUM(25, 5, 0)
+/* Read by Slurm >= 25.05 only. Our init never fails; if it ever did, the job is at fault,
+ * never the node. */
+int slurm_spank_init_failure_mode = ESPANK_JOB_FAILURE;
+#endif
 
 #define HELPER_PATH "/usr/sbin:/usr/bin:/sbin:/bin"
 #define MAX_GIDS 1024
@@ -82,12 +108,13 @@ static void printable(char *out, size_t len, const char *in)
 	out[i] = '\0';
 }
 
+/* -1 (refuse the command line) only on the submitting side; remote (slurmstepd) gets the
+ * value Slurm forwarded, and an odd one there is logged and leaves the step unwatched. */
 static int triage_option(int val, const char *optarg, int remote)
 {
 	char shown[65];
 
 	(void) val;
-	(void) remote;
 	if (optarg == NULL || optarg[0] == '\0') { /* bare --triage */
 		mode = 0;
 		return 0;
@@ -100,9 +127,11 @@ static int triage_option(int val, const char *optarg, int remote)
 	}
 	printable(shown, sizeof(shown), optarg);
 	slurm_error("slurm-triage: invalid --triage value '%s%s': use --triage, "
-		    "--triage=on, --triage=deep or --triage=off", shown,
-		    strlen(optarg) >= sizeof(shown) ? "..." : "");
-	return -1;
+		    "--triage=on, --triage=deep or --triage=off%s", shown,
+		    strlen(optarg) >= sizeof(shown) ? "..." : "",
+		    remote ? "; this step is not watched" : "");
+	mode = -1;
+	return remote ? 0 : -1;
 }
 
 static int abs_path_ok(const char *p)
@@ -159,11 +188,14 @@ static void parse_args(int ac, char **av)
 
 int slurm_spank_init(spank_t sp, int ac, char **av)
 {
+	spank_err_t rc;
+
 	parse_args(ac, av);
 	/* sbatch/salloc ignore the static table (22.05): register explicitly. */
-	if (spank_context() == S_CTX_ALLOCATOR)
-		return spank_option_register(sp, &spank_options[0]) == ESPANK_SUCCESS ? 0 : -1;
-	return 0;
+	if (spank_context() == S_CTX_ALLOCATOR &&
+	    (rc = spank_option_register(sp, &spank_options[0])) != ESPANK_SUCCESS)
+		slurm_error("slurm-triage: cannot register --triage: %s", spank_strerror(rc));
+	return 0; /* never fail init: on >= 25.05 any non-zero here is an error */
 }
 
 int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
@@ -264,7 +296,7 @@ static int prepare(spank_t sp, int drop)
 	H.argv[0] = python;
 	H.argv[1] = "-I";
 	H.argv[2] = "-m";
-	H.argv[3] = "slurm_triage.spank";
+	H.argv[3] = "slurm_triage.step.spank";
 	H.argv[4] = NULL; /* child() appends the action */
 	add_env(&n, "PATH=%s", HELPER_PATH);
 	add_env(&n, "LANG=%s", "C");

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 import uuid
@@ -133,6 +134,28 @@ def test_pushgateway_down_costs_at_most_the_timeout_then_the_spool_delivers(tmp_
     assert down < no_push + 2 * 1.0 + 0.5, (down, no_push)  # timeout × (retries + 1), plus slack
     pushgateway.start()
     r, rep = _check(cfg, "h100x8-idle.json", "--push")
-    assert rep["delivery"].startswith("delivered") and "2 sent" in rep["delivery"], rep["delivery"]
+    # the spooled PUT of this node's group is superseded by the new one: sent once, spool empty
+    assert rep["delivery"].startswith("delivered") and "1 sent" in rep["delivery"], rep["delivery"]
+    assert list((tmp_path / "spool").glob("*.json")) == []
     groups = [g for g in pushgateway.groups() if g["labels"].get("job") == "slurm_triage"]
     assert len(groups) == 1 and "slurm_triage_node_verdict" in groups[0]
+
+
+def test_json_reports_nvml_init_seconds_and_null_when_nvml_hangs(tmp_path, fakenvml_lib):
+    _, rep = _check(_config(tmp_path, fakenvml_lib), "h100x8-idle.json")
+    assert 0 <= rep["nvml_init_seconds"] < 5 and rep["snapshot"]["gpu"]["nvml_init_seconds"] == rep["nvml_init_seconds"]
+    hung = tmp_path / "hung"
+    hung.mkdir()
+    _, rep = _check(_config(hung, fakenvml_lib, gpu_deadline=1.0), "h100x8-nvml-hang.json")
+    assert rep["nvml_init_seconds"] is None
+
+
+def test_a_core_command_does_not_import_the_other_layers():
+    """Registering gate, triage and mcp only to list them cost every `check` ~20 ms."""
+    code = ("import sys; from slurm_triage import cli; cli.build_parser('check'); "
+            "print(sorted(m for m in ('slurm_triage.step.gate', 'slurm_triage.triage.cli', 'slurm_triage.mcp.cli') "
+            "if m in sys.modules)); cli.build_parser(None); "
+            "print('slurm_triage.step.gate' in sys.modules and 'slurm_triage.triage.cli' in sys.modules)")
+    out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=str(ROOT)).stdout.split("\n")
+    assert out[:2] == ["[]", "True"], out

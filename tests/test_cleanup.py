@@ -6,9 +6,7 @@ skipped otherwise.
 """
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import subprocess
 import sys
 import threading

@@ -234,3 +234,38 @@ def test_process_titled_slurmstepd_is_not_a_step_and_hides_nothing(as_user: bool
     finally:
         fake.kill()
         fake.wait(10)
+
+
+# --- another job's hook beside this one: Slurm's process, not the job's leftover ----------------
+
+HOOK_LIKE = ("import socket, sys; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(1)\n"
+             "sys.stdout.write('ready\\n'); sys.stdout.flush(); sys.stdin.read()")
+
+
+@pytest.mark.parametrize("as_user", [False, True])
+def test_another_jobs_hook_is_not_a_leftover_but_a_user_posing_as_one_is(as_user: bool) -> None:
+    """A root `python -m slurm_triage.hooks prolog` of job J still running (its publisher, its exit)
+    when the next job's Prolog scans carries SLURM_JOB_ID=J; a user's process with the same command
+    line is an ordinary leftover."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a hook runs as root, and the user variant needs setuid")
+    uid = 4242 if as_user else 0
+
+    def drop() -> None:
+        if as_user:
+            os.setgid(uid)
+            os.setuid(uid)
+
+    p = subprocess.Popen([sys.executable, "-I", "-c", HOOK_LIKE, "-m", "slurm_triage.hooks", "prolog"],
+                         env={"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": DEAD_JOB}, preexec_fn=drop,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline() == "ready\n"
+        listed = {r["pid"]: r for r in procs.collect(make_cfg(ipc_dirs=[]))["processes"]}
+        if as_user:
+            assert listed[p.pid]["job_id"] == DEAD_JOB
+        else:
+            assert p.pid not in listed
+    finally:
+        p.kill()
+        p.wait(10)

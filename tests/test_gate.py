@@ -10,11 +10,11 @@ from typing import Any, Dict, List
 
 import pytest
 
-from slurm_triage import gate
+from slurm_triage.step import gate
 from slurm_triage.config import SCHEMA, Config, defaults, load
-from slurm_triage.gate import NodeEvidence, Policy, decide, expand_hostlist
+from slurm_triage.step.gate import NodeEvidence, Policy, decide, expand_hostlist
 from slurm_triage.model import Finding, Verdict
-from slurm_triage.sampling import peer_figures
+from slurm_triage.step.sampling import peer_figures
 from slurm_triage.sinks import exposition, peer_metrics
 from slurm_triage.sinks.pushgateway import push
 

@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from slurm_triage import hang
+from slurm_triage.step import hang
 from slurm_triage.collect.gpu import decode_clock_events
 
 SCENARIOS = Path(__file__).resolve().parent / "fakenvml" / "scenarios"

@@ -154,8 +154,8 @@ def test_down_gateway_spools_quickly_and_restart_replays_newest_once(pgw, tmp_pa
     print("deliver() with the gateway down, seconds:", [round(t, 3) for t in times])
     assert max(times) < budget
     # each flush attempt already discards entries a later PUT/DELETE of their group replaces:
-    # job 1's first PUT went when its newer PUT was in the spool
-    assert res.pending == 4 and spool.stats(cfg) == {"spooled_pushes": 4, "spool_dropped": 0}
+    # job 1's first PUT went when its newer PUT was in the spool, job 3's when its DELETE came
+    assert res.pending == 3 and spool.stats(cfg) == {"spooled_pushes": 3, "spool_dropped": 0}
 
     pgw.start()
     puts_before = puts_seen(pgw)
@@ -487,7 +487,6 @@ def test_results_spooled_in_an_outage_each_reach_the_gateway_and_expire_later(pg
 
 def test_spool_bound_by_bytes_drops_oldest_and_counts(tmp_path):
     (tmp_path / "spool").mkdir()
-    one = len(json.dumps({"x": 1}))  # noqa: F841 - sizes below are the real entry files'
     sp = spool.Spool(str(tmp_path / "spool"), 1000, max_bytes=3000)
     for i in range(10):
         sp.append("PUT", grouping_key("n", str(i)), b"x" * 600)
@@ -495,3 +494,20 @@ def test_spool_bound_by_bytes_drops_oldest_and_counts(tmp_path):
     assert sum(sizes) <= 3000 and len(sizes) < 10
     assert sp.dropped_total() == 10 - len(sizes)
     assert sp._load(sp.entries()[-1])["grouping"]["slurm_job_id"] == "9"
+
+
+def test_a_spooled_put_of_a_group_this_call_deletes_is_never_replayed(pgw, tmp_path):
+    """The Prolog's live group spooled in an outage, then the Epilog DELETEs it: replaying the
+    PUT first could bring the group back after the DELETE if the gateway applied it late
+    (issue 13 bench: 2 stale prolog groups in 201 jobs). The DELETE supersedes it unsent."""
+    cfg = make_cfg(tmp_path, pgw.url, timeout=1.0, retries=0)
+    live = grouping_key("n", "7")
+    pgw.stop()
+    assert spool.deliver(cfg, live, body(50)).spooled == 1
+    pgw.start()
+    puts_before = puts_seen(pgw)
+    res = spool.deliver_all(cfg, [spool.Op(live, None), spool.Op(grouping_key("n", "8"), body(60))])
+    assert res.error == "" and res.pending == 0 and spool.stats(cfg)["spooled_pushes"] == 0
+    assert puts_seen(pgw) - puts_before == 1  # job 8's PUT only: job 7's spooled PUT was not sent
+    assert group(pgw, job="slurm_triage", instance="n", slurm_job_id="7") == []
+    assert len(group(pgw, job="slurm_triage", instance="n", slurm_job_id="8")) == 1

@@ -20,7 +20,7 @@ from typing import Dict, List, Optional
 
 import pytest
 
-from slurm_triage import spank
+from slurm_triage.step import spank
 
 import lab as labmod
 
@@ -53,7 +53,7 @@ def test_plugin_builds_with_werror_and_exports_only_its_callbacks() -> None:
 
 
 def helper(env: Dict[str, str], action: str = "gate") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-I", "-m", "slurm_triage.spank", action], env=env, cwd="/",
+    return subprocess.run([sys.executable, "-I", "-m", "slurm_triage.step.spank", action], env=env, cwd="/",
                           capture_output=True, text=True, timeout=60)
 
 

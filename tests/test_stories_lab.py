@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 
-import pytest
-
 import lab as labmod
 from test_triage_lab import FAST, GPU5, triage
 
@@ -16,8 +14,8 @@ def test_thermal_straggler_through_step_time(lab):
     for n in ("node1", "node2"):
         lab.set_scenario(n, "h100x8-busy.json")
     with lab.config(FAST):
-        job = lab.train("slow-rank", 12, during=lambda: lab.set_scenario("node2", "h100x8-thermal.json"),
-                        extra=["--slow-node", "node2", "--slow-factor", "4"])
+        job = lab.train("slow-rank", 3, during=lambda: lab.set_scenario("node2", "h100x8-thermal.json"),
+                        extra=["--slow-node", "node2", "--slow-factor", "6"], scrapes=2)
     report = triage(lab, job)
     root = report["findings"][0]
     assert root["category"] == "thermal_power" and root["node"] == "node2" and root["gpu"] == GPU5, root
@@ -27,14 +25,15 @@ def test_thermal_straggler_through_step_time(lab):
     assert ev["step_time_seconds"] > 2 * ev["peers_median_step_seconds"], ev
 
 
-@pytest.mark.xfail(strict=False, reason="on a quiet 2-core machine the restored run's step time is sometimes under "
-                   "1.5x the fresh run's (CI run 3 of 2026-12-01); to fix: more leaked threads or a longer run")
+LEAKED = 6  # per rank: the ranks' CPU share and the run queue differ by far more than a busy machine's noise
+
+
 def test_restored_job_thread_leak_against_its_fresh_baseline(lab):
     for n in ("node1", "node2"):
         lab.set_scenario(n, "h100x8-busy.json")
-    with lab.config(FAST):
-        fresh = lab.train("fresh", 10)
-        restored = lab.train("restored", 10, extra=["--restore-threads", "3"])
+    with lab.config(FAST):  # one after the other: the lab's nodes share one kernel and so its run queue
+        fresh = lab.train("fresh", 3, scrapes=2)
+        restored = lab.train("restored", 3, extra=["--restore-threads", str(LEAKED)], scrapes=2)
     r = subprocess.run([str(labmod.ROOT / ".venv/bin/slurm-triage"), "triage", restored, "--baseline", fresh,
                         "--format", "json"], capture_output=True, text=True, timeout=120,
                        env={"PATH": "/usr/bin:/bin", "SLURM_CONF": lab.slurm_conf,
@@ -43,9 +42,10 @@ def test_restored_job_thread_leak_against_its_fresh_baseline(lab):
     assert root["id"] == "metric.baseline.threads" and root["category"] == "host_resources", root
     ev = root["evidence"]
     d = ev["differences"]
-    assert d["max threads per node"]["this"] >= d["max threads per node"]["baseline"] + 6, d  # 3 per rank, 2 ranks
+    # the lab's watchers see both ranks (one kernel): LEAKED per rank, 2 ranks
+    assert d["max threads per node"]["this"] >= d["max threads per node"]["baseline"] + 2 * LEAKED, d
     assert d["median runnable tasks per node"]["ratio"] > 1.5 and d["median step time s"]["ratio"] > 1.5, d
     leaked = ev["new_threads"][0]
-    assert leaked["thread"] == "pt_nccl_watchdg" and leaked["count"] == 3 and leaked["comm"] == "python3", ev
+    assert leaked["thread"] == "pt_nccl_watchdg" and leaked["count"] == LEAKED and leaked["comm"] == "python3", ev
     assert set(ev["hardware_unchanged"]) == {"median GPU utilization %", "median GPU power W"}, ev
     assert "did not differ" in root["summary"] and f"pid {leaked['pid']}" in root["summary"]

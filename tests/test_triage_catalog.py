@@ -43,6 +43,20 @@ def test_every_field_and_needle_is_exercised_by_an_example(entry: catalog.Entry)
         assert any((n.lower() if entry.nocase else n) in h for h in hay), (entry.id, n)
 
 
+def test_summaries_name_where_by_the_builtin_fields() -> None:
+    """The scanner moves the ``node``/``node_*``, ``rank`` and ``gpu`` groups into the event's own fields,
+    so a summary naming them directly would print "?": it must use ``nodes``/``ranks``/``gpus``."""
+    bad = []
+    for e in ENTRIES:
+        if e.handled_by:
+            continue
+        for key in ("summary", "action"):
+            named = set(catalog._template_fields(getattr(e, key)))
+            if named & {"rank", "gpu", "node"} or any(f.startswith("node_") for f in named):
+                bad.append((e.id, key))
+    assert not bad, bad
+
+
 def test_no_entry_steals_an_example_of_another_category() -> None:
     stolen = []
     for entry_id, _, ex in EXAMPLES:

@@ -143,3 +143,13 @@ def test_gzip_through_grep_matches_the_python_scanner(tmp_path: Path) -> None:
     assert [(e.kind, e.line, e.fields) for e in a] == [(e.kind, e.line, e.fields) for e in b]
     assert [(e.kind, e.line) for e in a] == [("watchdog_timeout", 1001), ("slurm_cancel", 1012)]
     assert (sa.lines, sa.bytes, sa.candidate_lines) == (sb.lines, sb.bytes, sb.candidate_lines) == (1013, len(body), 2)
+
+
+def test_an_exception_line_pasted_without_its_traceback_is_the_first_error(tmp_path: Path) -> None:
+    """People often paste only the last line of a traceback (here a dev case's CUDA OOM line)."""
+    p = tmp_path / "job.err"
+    p.write_text("step 1 loss 2.0\n"
+                 "RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 11.17 GiB total capacity; "
+                 "7.57 GiB already allocated; 18.25 MiB free; 7.74 GiB reserved in total by PyTorch)\n")
+    [e] = logs.error_lines(str(p))
+    assert (e.kind, e.line) == ("first_error", 2)

@@ -383,10 +383,55 @@ def test_triage_judges_each_line_once_and_names_the_cause_first() -> None:
 
 def test_captures_of_one_format_yield_no_events_of_another() -> None:
     """A paste of one tool's output does not look like another's to the parsers."""
-    prefix = {"nvidia_smi_q": ("smi_q_",), "nvidia_smi": ("smi_row", "smi_handle", "smi_no"),
+    prefix = {"nvidia_smi_q": ("smi_q_",), "nvidia_smi": ("smi_row", "smi_handle", "smi_no"), "infiniband": ("ib_",),
               "dcgmi": ("dcgm_",), "slurm": ("slurm_", "sacct_"), "pyspy": ("pyspy_",), "flight_recorder": ("fr_",)}
     for fmt, allowed in prefix.items():
         for path in (DATA / fmt).iterdir():
             other = {e.kind for e in parsers.parse_file(str(path))
                      if not e.kind.startswith(allowed)}
             assert other == set(), (path.name, other)
+
+
+# --- InfiniBand ports, GPU tables without limits, free-text drain reasons ------------------------------------
+
+def test_ibstat_ports_and_a_spare_port_down_is_only_a_weak_note() -> None:
+    ports = kinds("infiniband/archwiki-ibstat-port2-polling.txt", "ib_port")
+    assert [(e.fields["ca"], e.fields["port"], e.fields["state"], e.fields["phys_state"], e.fields["rate_gbps"])
+            for e in ports] == [("mlx4_0", 1, "Active", "LinkUp", 20.0), ("mlx4_0", 2, "Down", "Polling", 10.0)]
+    [f] = [f for f in judge("infiniband/archwiki-ibstat-port2-polling.txt") if f.id.startswith("ib.")]
+    assert (f.id, f.category, f.consequence, f.confidence) == ("ib.port.polling", "network", True, 0.3)
+    assert "mlx4_0 port 2" in f.summary and "no physical link" in f.summary
+    assert f.evidence["active_ports"] == ["mlx4_0 port 1"]
+
+
+def test_ib_port_down_with_no_active_port_is_the_finding() -> None:
+    """The same capture cut to its CA line and the Down/Polling port (a contiguous excerpt, as a paste of
+    ``ibstat mlx4_0 2`` would look): with no Active port beside it, the port is the evidence."""
+    from slurm_triage.triage.parsers.base import Doc
+
+    lines = (DATA / "infiniband/archwiki-ibstat-port2-polling.txt").read_text().splitlines()
+    excerpt = lines[:1] + lines[lines.index("        Port 2:"):]
+    [e] = parsers.infiniband.parse(Doc("x", excerpt))
+    [f] = structured.ib_ports([e])
+    assert (f.category, f.consequence, f.confidence, f.verdict.value) == ("network", False, 0.55, "FAIL")
+
+
+def test_rocm_smi_table_gpu_at_94_c_is_thermal() -> None:
+    """rocm-smi (ROCm 1.6) table of a dev case: a Vega FE at 94 °C with its fan at 40 %."""
+    evs = parsers.parse_file(str(CORPUS / "rocm-196-vega-94c-training" / "log.txt"))
+    [row] = [e for e in evs if e.kind == "rocm_row"]
+    assert (row.fields["index"], row.fields["temp_c"], row.fields["power_w"], row.fields["fan_pct"]) == (0, 94.0, 195.0, 40.0)
+    [f] = correlate([f for r in structured.RULES for f in r.fn(evs)])
+    assert (f.id, f.category, f.confidence) == ("table.hot", "thermal_power", 0.45) and "94 °C" in f.summary
+
+
+def test_healthy_tables_are_neither_hot_nor_capped() -> None:
+    for name in ("nvidia_smi/gpud-550.90.07.txt", "nvidia_smi/gpud-rtx-fan-err.525.125.06.txt"):
+        assert structured.table_heat(events(name)) == []
+
+
+def test_drain_reasons_slurm_sets_keep_their_meaning_and_gpu_ids_stay_hardware() -> None:
+    assert structured._reason_meaning("Kill task failed")[:2] == ("scheduler", 0.7)
+    assert structured._reason_meaning("cyclecloud_node_fail")[:2] == ("scheduler", 0.3)
+    [f] = [f for f in judge("slurm/lab-sinfo-R-triage-drain.txt") if f.id.startswith("slurm.reason")]
+    assert f.category == "gpu_hardware"

@@ -18,9 +18,9 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from slurm_triage import watcher
+from slurm_triage.step import watcher
 from slurm_triage.config import Config, defaults
-from slurm_triage.watcher import WatchContext, WatchError
+from slurm_triage.step.watcher import WatchContext, WatchError
 
 SCENARIOS = Path(__file__).resolve().parent / "fakenvml" / "scenarios"
 NODE = "wnode1"

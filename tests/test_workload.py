@@ -47,7 +47,7 @@ def test_ring_allreduce_agrees_on_every_rank() -> None:
 def test_restored_ranks_leak_spinning_watchdog_threads_and_slow_down() -> None:
     port = str(free_port())
     env = {"PATH": "/usr/bin:/bin", "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_ID": "8", "MASTER_PORT": port}
-    p = subprocess.Popen([sys.executable, str(TRAIN), "--mode", "restored", "--restore-threads", "3", "--steps",
+    p = subprocess.Popen([sys.executable, str(TRAIN), "--mode", "restored", "--restore-threads", "6", "--steps",
                           "1000000", "--log-every", "5"], env=env, stdout=subprocess.PIPE, text=True)
     try:
         time.sleep(1.5)
@@ -55,9 +55,9 @@ def test_restored_ranks_leak_spinning_watchdog_threads_and_slow_down() -> None:
     finally:
         p.kill()
         p.communicate()
-    assert names.count("pt_nccl_watchdg") == 3, names
-    fresh = ranks(1, "--steps", "10", "--log-every", "10")[0]
-    slow = ranks(1, "--mode", "restored", "--restore-threads", "3", "--steps", "10", "--log-every", "10")[0]
+    assert names.count("pt_nccl_watchdg") == 6, names
+    fresh = ranks(1, "--steps", "20", "--log-every", "20")[0]
+    slow = ranks(1, "--mode", "restored", "--restore-threads", "6", "--steps", "20", "--log-every", "20")[0]
     assert step_times(slow.stdout)[0] > 1.5 * step_times(fresh.stdout)[0], (slow.stdout, fresh.stdout)
 
 

@@ -11,19 +11,23 @@ Each rank's step time — the time it spent on the step itself, without waiting 
 the collective (what per-rank forward/backward timers report; in a synchronous job the wall time
 of a step is the slowest rank's for everyone) — goes to the Pushgateway as
 ``tb_perf_step_time_seconds{instance=<node>, rank=<r>}`` and, with the step's wall time, into one
-log line per ``--log-every`` steps.
+log line per ``--log-every`` steps or ``--log-seconds``, whichever comes first: the mean of the
+steps since the last line (so that a scrape, which sees the last push, reads a stable figure
+however slow the steps are).
 
 Modes: ``fresh``; ``restored`` (on "restore from checkpoint", K communicator threads named
-like PyTorch's NCCL watchdog start, never exit and spin, competing with the training loop);
+like PyTorch's NCCL watchdog start, never exit and spin, competing with the training loop for CPU);
 ``slow-rank`` (the ranks on ``--slow-node`` compute ``--slow-factor`` times longer, as behind
 a throttled GPU); ``stuck-rank`` (rank ``--stuck-rank`` stops joining the collective at step
 ``--stuck-after``; the others spin in it until ``--timeout`` and exit 1, as a watchdog would).
-A run ends after ``--steps`` or, with ``--seconds``, once rank 0 has run that long.
+A run ends after ``--steps`` or, with ``--seconds``, once rank 0 has run that long (with
+``--until-file``, only once that file exists too: a driver that waits for what it must see).
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
+import hashlib
 import os
 import queue
 import socket
@@ -169,13 +173,13 @@ def compute(units: int) -> int:
 
 
 def spin_forever() -> None:
-    """A leaked communicator thread: polls, mostly spinning, never exits."""
+    """A leaked communicator thread: spins, never exits. Its loop runs outside the interpreter lock
+    (hashlib releases it over large buffers), as a native NCCL/MPI thread does: it takes a CPU
+    from the training loop and stays runnable, rather than only interleaving with it on the lock."""
     set_thread_name(LEAK_THREAD_NAME)
+    blob = bytes(1 << 20)
     while True:
-        end = time.perf_counter() + 0.004
-        while time.perf_counter() < end:
-            pass
-        time.sleep(0.001)
+        hashlib.sha256(blob).digest()
 
 
 def push_step_time(url: str, metric: str, job: str, node: str, rank: int, seconds: float) -> None:
@@ -196,7 +200,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="stop after this long (rank 0's clock; the ranks agree through the all-reduce)")
     ap.add_argument("--bytes", type=int, default=2 << 20, help="all-reduce size per step (default 2 MiB)")
     ap.add_argument("--work", type=int, default=200_000, help="compute units per step")
+    ap.add_argument("--until-file", default="", help="with --seconds: go on until this file exists too")
     ap.add_argument("--log-every", type=int, default=10)
+    ap.add_argument("--log-seconds", type=float, default=0.0, help="also log once this long passed since the last line")
     ap.add_argument("--restore-threads", type=int, default=4, help="restored: leaked communicator threads")
     ap.add_argument("--slow-node", default="", help="slow-rank: the node whose ranks compute slower")
     ap.add_argument("--slow-factor", type=float, default=3.0)
@@ -218,7 +224,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ring = Ring(rank, world, master, a.timeout)
     work = int(a.work * (a.slow_factor if a.mode == "slow-rank" and node == a.slow_node else 1))
     buf = os.urandom(max(a.bytes, 1))
-    t_start = time.monotonic()
+    t_start = t_log = time.monotonic()
     window: List[float] = []
     walls: List[float] = []
     for step in range(1, a.steps + 1):
@@ -230,7 +236,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         compute(work)
         window.append(time.perf_counter() - t0)
         # byte 0 carries rank 0's "stop" vote: the XOR of one 1 and zeros is 1 on every rank
-        stop = rank == 0 and a.seconds > 0 and time.monotonic() - t_start >= a.seconds
+        stop = rank == 0 and a.seconds > 0 and time.monotonic() - t_start >= a.seconds and (
+            not a.until_file or os.path.exists(a.until_file))
         buf = bytes([1 if stop else 0]) + buf[1:]
         try:
             buf = ring.allreduce(buf)
@@ -239,7 +246,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 1
         walls.append(time.perf_counter() - t0)
         last = step == a.steps or buf[0] == 1
-        if step % a.log_every == 0 or last:
+        if step % a.log_every == 0 or last or 0 < a.log_seconds <= time.monotonic() - t_log:
+            t_log = time.monotonic()
             mean = sum(window) / len(window)
             log(rank, f"step {step} step_time {mean:.4f} s wall {sum(walls) / len(walls):.4f} s")
             if a.pushgateway:

@@ -8,6 +8,7 @@ imported here, lazily, so the parent never pays for it. Units follow the key nam
 from __future__ import annotations
 
 import ctypes
+import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .. import pci
@@ -57,7 +58,9 @@ def collect(cfg: Config, indices: Optional[Sequence[int]] = None) -> Dict[str, A
         ctypes.CDLL(library)
     import pynvml
 
-    pynvml.nvmlInit()
+    t0 = time.monotonic()
+    pynvml.nvmlInit()  # without persistence mode the driver sets up every GPU here: 100s of ms
+    init_seconds = time.monotonic() - t0
     try:
         count = pynvml.nvmlDeviceGetCount()
         wanted = range(count) if indices is None else sorted({i for i in indices if 0 <= i < count})
@@ -66,6 +69,7 @@ def collect(cfg: Config, indices: Optional[Sequence[int]] = None) -> Dict[str, A
             "driver_version": _text(pynvml.nvmlSystemGetDriverVersion()),
             "nvml_version": _text(pynvml.nvmlSystemGetNVMLVersion()),
             "count": count,
+            "nvml_init_seconds": round(init_seconds, 4),
             "gpus": [_Reader(pynvml, i).read() for i in wanted],
         }
     finally:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import errno
 import os
 import re
-import subprocess
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 from ..config import Config
@@ -261,6 +260,8 @@ def _dmesg_lines(timeout: float) -> Iterator[Tuple[int, bytes]]:
     binary = next((p for p in DMESG_PATHS if os.path.exists(p)), None)
     if binary is None:
         raise RuntimeError("no dmesg binary in " + " or ".join(DMESG_PATHS))
+    import subprocess  # only the dmesg source: ~10 ms of import every kernel probe paid
+
     out = subprocess.run([binary], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
                          env={"LC_ALL": "C", "PATH": "/usr/bin:/bin"}, check=False)
     if out.returncode != 0:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import socket
 import stat as stat_mod
+import sys
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from ..config import Config
@@ -186,6 +187,19 @@ def _is_stepd(base: str, uid: int, comm: bytes) -> bool:
     return os.path.basename(exe) in STEPD_EXECUTABLES
 
 
+def _is_our_hook(proc: str, p: "_Proc") -> bool:
+    """Another job's Prolog/Epilog (or its publisher) of this installation: root, running our own
+    interpreter with ``-m slurm_triage.hooks``. It carries that job's SLURM_JOB_ID while it runs
+    beside the next job's hook; it is Slurm's, never a leftover of the job. A user cannot be uid 0,
+    and /proc/PID/exe (root-only) must be the interpreter running this scan."""
+    if p.uid != 0 or b"slurm_triage.hooks" not in _cmdline(proc, p.pid):
+        return False
+    try:
+        return os.path.realpath(f"{proc}/{p.pid}/exe") == os.path.realpath(sys.executable)
+    except OSError:
+        return False
+
+
 class _Proc:
     __slots__ = ("pid", "ppid", "uid", "start", "ticks", "comm", "state", "threads", "socks", "nvidia",
                  "shm", "job", "source", "node", "stepd")
@@ -347,6 +361,8 @@ def collect(cfg: Config) -> Dict[str, Any]:
             p.job = env.get("SLURM_JOB_ID") or None
             p.source = "environ" if p.job else None
             p.node = env.get("SLURMD_NODENAME")
+            if p.job and _is_our_hook(proc, p):
+                continue
         libs: List[str] = []
         if maps is not None and (p.job or p.nvidia):  # maps is the costliest file: job and GPU processes
             libs, mapped = maps
@@ -397,7 +413,7 @@ def collect(cfg: Config) -> Dict[str, Any]:
     return {"processes": sorted(out_procs, key=lambda r: r["pid"]),
             "ipc_files": ipc_files, "ipc_files_omitted": omitted,
             "listeners": sorted(listeners, key=lambda x: (x["port"], x["proto"], x["pid"] or 0)),
-            "running_jobs": sorted(running, key=int), "jobs_source": jobs_source}
+            "running_jobs": sorted(running, key=jobs.sort_key), "jobs_source": jobs_source}
 
 
 def scan_ipc(dirs: List[str]) -> List[Dict[str, Any]]:

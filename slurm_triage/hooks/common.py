@@ -153,24 +153,74 @@ def _cancel_job(cfg: Config, env: JobEnv) -> str:
 
 
 def publish(cfg: Config, env: JobEnv, kind: str, record: Dict[str, Any], snap: Dict[str, Any],
-            findings: List[Finding], t0: float, push: Callable[[float], None]) -> Tuple[Optional[str], float]:
+            findings: List[Finding], t0: float, push: Callable[[float], None],
+            background: bool = False) -> Tuple[Optional[str], float]:
     """What both hooks do once they have judged, in this order: save the state (first, so a
     later failure loses nothing), drain on a hardware FAIL, push, write the textfile.
     A state that cannot be saved (full disk) is logged and counted; the push still goes.
-    Returns the drain outcome and the hook's seconds so far (pushed with the results)."""
+    ``background``: a detached publisher (in_background) pushes the saved state and writes
+    the textfile, so the hook exits at once. Returns the drain outcome and the hook's
+    seconds so far (pushed with the results)."""
     from ..sinks import state
 
+    saved = True
     try:
         state.save(cfg, env.job_id, kind, record)
     except (OSError, ValueError) as e:
         log(cfg, kind, f"job {env.job_id}: state not saved: {e}; pushing anyway")
         count_internal_error(cfg)
+        saved = False
     drained = drain_on_hardware(cfg, env, findings, kind)
     seconds = time.monotonic() - t0
+    if background and saved and in_background(cfg, kind, env, seconds):
+        return drained, seconds
     if cfg.get("pushgateway", "url"):
         push(seconds)
     write_textfile(cfg, snap, findings)
     return drained, seconds
+
+
+def in_background(cfg: Config, kind: str, env: JobEnv, seconds: float) -> bool:
+    """Have a detached publisher (``python -I -m slurm_triage.hooks.publish``) push the saved
+    state and write the textfile, so the job does not wait for requests and prometheus_client
+    (150+ ms of imports); False when it could not start or the spool lock was not free (the
+    caller does the work itself).
+
+    It is a fresh interpreter, not a fork, so no SLURM_JOB_ID in its environment makes it
+    look like a process of the job; its own session, no terminal. This hook takes the spool
+    lock first and hands it over (the publisher inherits the locked fd), so a later hook's
+    pushes queue behind this one's and order holds. The publisher gets the hook's deadline.
+    """
+    if not (cfg.get("pushgateway", "url") or cfg.get("textfile", "directory")):
+        return True  # nothing to publish
+    from ..sinks.spool import hold
+
+    held = hold(cfg)
+    if held is None and cfg.get("pushgateway", "url"):
+        return False  # no spool lock to hand over (busy, none configured): order needs the hook to push
+    env_out = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C", "LC_ALL": "C", "SLURMD_NODENAME": env.node}
+    if cfg.source != "<defaults>":
+        env_out["SLURM_TRIAGE_CONFIG"] = cfg.source
+    argv = [sys.executable, "-I", "-m", "slurm_triage.hooks.publish", kind, env.job_id, repr(seconds),
+            repr(max(0.0, time_left())), str(held[1]) if held else "-"]
+    try:
+        null = os.open(os.devnull, os.O_RDWR)
+        try:
+            actions = [(os.POSIX_SPAWN_DUP2, null, 0), (os.POSIX_SPAWN_DUP2, null, 1), (os.POSIX_SPAWN_DUP2, null, 2)]
+            if held:
+                os.set_inheritable(held[0], True)
+                actions.append((os.POSIX_SPAWN_DUP2, held[0], PUBLISHER_LOCK_FD))
+            os.posix_spawn(sys.executable, argv, env_out, file_actions=actions, setsid=True)
+        finally:
+            os.close(null)
+    except OSError as e:
+        log(cfg, kind, f"job {env.job_id}: publisher did not start ({e}); pushing from the hook")
+        return False
+    return True
+
+
+PUBLISHER_LOCK_FD = 3
+"""Where the publisher finds the spool lock its hook handed over."""
 
 
 def conclude(cfg: Config, kind: str, summary: str, drained: Optional[str], worth_logging: bool) -> int:
@@ -195,7 +245,7 @@ def deliver_logged(cfg: Config, kind: str, env: JobEnv, ops: List[Any]) -> None:
     line and one internal error (what was not sent is spooled)."""
     from ..sinks.spool import deliver_all
 
-    result = deliver_all(cfg, ops, budget=push_budget(cfg))
+    result = deliver_all(cfg, ops, budget=push_budget(cfg), limit=max(0.0, time_left() - PUSH_MARGIN_SECONDS))
     if result.error:
         log(cfg, kind, f"job {env.job_id}: push: {result.error} ({result.spooled} spooled, "
                        f"{result.pending} pending)")

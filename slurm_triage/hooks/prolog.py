@@ -27,9 +27,12 @@ def job_gpu_uuids(snapshot: Dict[str, Any], env: JobEnv) -> List[str]:
 
 def prolog(cfg: Config, env: JobEnv) -> int:
     t0 = time.monotonic()
-    snap = take(cfg, meanwhile=preload_sinks if cfg.get("pushgateway", "url") else None)
+    # A --triage job's gate reads this push before the job may start: it is sent before the
+    # hook exits (its imports overlap the probes). Other jobs' OK results are published in
+    # the background (common.in_background): the job does not wait for them.
+    snap = take(cfg, meanwhile=preload_sinks if env.triage and cfg.get("pushgateway", "url") else None)
     if env.triage:
-        from ..sampling import sample_gpus
+        from ..step.sampling import sample_gpus
 
         snap["gpu_samples"] = sample_gpus(cfg, cfg.get("hooks", "sample_seconds"))
         if "error" in snap["gpu_samples"]:
@@ -43,11 +46,12 @@ def prolog(cfg: Config, env: JobEnv) -> int:
         "findings": [f.to_dict() for f in findings], "snapshot": snap,
     }
     if env.triage:
-        from ..sampling import peer_figures
+        from ..step.sampling import peer_figures
 
         record["peer"] = peer_figures(snap)
     drained, seconds = publish(cfg, env, "prolog", record, snap, findings, t0,
-                               lambda s: _push(cfg, env, snap, findings, record, s))
+                               lambda s: _push(cfg, env, snap, findings, record, s),
+                               background=not env.triage and verdict == Verdict.OK)
     summary = f"job {env.job_id}: {verdict.value} ({len(findings)} findings, {seconds:.2f} s)"
     if verdict != Verdict.OK:
         summary += ": " + "; ".join(f"{f.id} {f.summary}" for f in findings[:3])

@@ -35,7 +35,7 @@ METRICS = {"gpu_util": "metric_gpu_util", "gpu_power": "metric_gpu_power", "gpu_
            "sm_clock": "metric_sm_clock", "step_time": "metric_step_time", "procs_running": "metric_procs_running",
            "load1": "metric_load1", "watch_threads": "metric_watch_threads",
            "hang_suspected": "metric_hang_suspected"}
-# ... and the watcher's own per-GPU series of --triage steps (fixed names: slurm_triage.watcher).
+# ... and the watcher's own per-GPU series of --triage steps (fixed names: slurm_triage.step.watcher).
 WATCH_GPU_METRICS = {"watch_gpu_power": "slurm_triage_watch_gpu_power_watts",
                      "watch_gpu_util": "slurm_triage_watch_gpu_utilization_ratio",
                      "watch_gpu_temp": "slurm_triage_watch_gpu_temperature_celsius",
@@ -374,7 +374,7 @@ def _failed_jobs(sacct: str, node: str, start: float, end: float, timeout: float
 
 def _state_records(cfg: Config, node: str, start: float, end: float) -> List[Dict[str, Any]]:
     """Our Prolog/Epilog records on ``node`` in the window, newest first (readable state dirs only)."""
-    from ..gate import state_dir_template
+    from ..step.gate import state_dir_template
     from ..sinks import state
     from ..triage.sources.pushgateway import node_config
 

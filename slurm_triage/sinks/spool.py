@@ -47,6 +47,9 @@ SUFFIX = ".json"
 # wedge the spool. Timeouts and 5xx answers never count: the gateway is sick, not the entry.
 POISON_ATTEMPTS = 5
 PROBE_SECONDS = 1.0  # /-/ready of a gateway that answers comes back in milliseconds
+LOCK_WAIT_SECONDS = 8.0
+"""The longest a hook waits for another's flush: the holder sends for at most its push budget
+(3 s), and what comes after it must not overtake it by queueing unlocked."""
 MIN_ATTEMPT_SECONDS = 1.0
 """No request starts with less budget left: cut short, a slow gateway's answer would come too
 late for a PUT it applies anyway, and the replay would send it a second time."""
@@ -93,6 +96,11 @@ class DeliveryResult:
     """How many of the caller's operations were sent (they go first, in order)."""
 
 
+_HELD: Dict[str, Tuple[int, List[int]]] = {}
+"""Spool directories whose lock this process holds for its whole life (a hook's background
+publisher, see hold): directory -> (lock fd, [next entry time_ns])."""
+
+
 def _group(grouping: Dict[str, str]) -> Tuple[Tuple[str, str], ...]:
     return tuple(sorted({"job": DEFAULT_JOB, **{k: str(v) for k, v in grouping.items()}}.items()))
 
@@ -133,6 +141,9 @@ class Spool:
 
         Raises OSError when the directory cannot be created or the lock file opened.
         """
+        if self.directory in _HELD:
+            yield True
+            return
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         fd = os.open(self._path(LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
@@ -180,9 +191,14 @@ class Spool:
                 os.unlink(self._path(oldest))
                 dropped += 1
             self._count_dropped(dropped)
-        ns = time.time_ns()
-        if names:
-            ns = max(ns, int(names[-1].split("-", 1)[0]) + 1)
+        held = _HELD.get(self.directory)
+        if held is not None:  # named when the lock was taken: before what others queued since
+            ns = held[1][0]
+            held[1][0] += 1
+        else:
+            ns = time.time_ns()
+            if names:
+                ns = max(ns, int(names[-1].split("-", 1)[0]) + 1)
         while True:
             name = f"{ns:020d}-{os.getpid()}{SUFFIX}"
             if not os.path.exists(self._path(name)):
@@ -200,6 +216,25 @@ class Spool:
         except (OSError, ValueError):
             pass
         return None
+
+    def hold(self) -> bool:
+        """Take the lock now, without waiting, and keep it until this process exits; what
+        this process spools later is ordered as of now. A hook's background publisher holds
+        it before the hook exits, so the Epilog's DELETE of the same group cannot overtake
+        the Prolog's PUT: it waits for the lock, or queues behind it."""
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        fd = os.open(self._path(LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        names = self.entries()
+        ns = time.time_ns()
+        if names:
+            ns = max(ns, int(names[-1].split("-", 1)[0]) + 1)
+        _HELD[self.directory] = (fd, [ns])
+        return True
 
     # -- a gateway that did not answer -------------------------------------------------
     def mark_unanswered(self) -> None:
@@ -257,8 +292,12 @@ class Spool:
         return [Op(dict(r["grouping"]), own=False) for r in due]
 
     # -- replay ------------------------------------------------------------------------
-    def flush(self, url: str, timeout: float, retries: int, budget: Optional[float] = None) -> FlushResult:
-        """Replay entries oldest first; call with the lock held.
+    def flush(self, url: str, timeout: float, retries: int, budget: Optional[float] = None,
+              later: Optional[set] = None) -> FlushResult:
+        """Replay entries oldest first; call with the lock held. ``later``: groups the caller
+        writes right after, whose spooled entries are superseded unsent (a spooled PUT of the
+        Prolog's live group replayed just before the Epilog's DELETE of it could, if the gateway
+        applied it late, bring the group back after the DELETE).
 
         Stops at the first retryable failure (entry kept) or when ``budget`` seconds have
         passed; a 4xx answer drops that entry (retrying the same bytes cannot succeed, and
@@ -276,7 +315,7 @@ class Spool:
                 res.error = f"unreadable spool entry {name} dropped"
             else:
                 loaded.append((name, e))
-        replaced: set = set()
+        replaced: set = set(later or ())
         todo: List[Tuple[str, Dict[str, Any]]] = []
         for name, e in reversed(loaded):
             key = _group(e["grouping"])
@@ -335,6 +374,26 @@ def _spool_of(cfg: Config) -> Optional[Spool]:
     return Spool(directory, cfg.get("node", "spool_max_files"), cfg.get("node", "spool_max_bytes"))
 
 
+def hold(cfg: Config) -> Optional[Tuple[int, int]]:
+    """Spool.hold for the configured spool: (lock fd, order time_ns) to hand to a publisher
+    process (adopt), or None when the spool is busy, absent or unusable."""
+    sp = _spool_of(cfg)
+    try:
+        if sp is None or not sp.hold():
+            return None
+    except OSError:
+        return None
+    fd, ns = _HELD[sp.directory]
+    return fd, ns[0]
+
+
+def adopt(cfg: Config, fd: int, ns: int) -> None:
+    """Take over the lock a hook held for this process (an inherited fd shares the flock)."""
+    sp = _spool_of(cfg)
+    if sp is not None:
+        _HELD[sp.directory] = (fd, [ns])
+
+
 def stats(cfg: Config) -> Dict[str, int]:
     """Spool gauges for exposition.render(extra=...): pending entries and drops so far."""
     sp = _spool_of(cfg)
@@ -362,10 +421,13 @@ def deliver(cfg: Config, grouping: Dict[str, str], body: Optional[bytes] = None,
     return deliver_all(cfg, [Op(dict(grouping), body, keep_seconds)], budget)
 
 
-def deliver_all(cfg: Config, ops: List[Op], budget: Optional[float] = None) -> DeliveryResult:
+def deliver_all(cfg: Config, ops: List[Op], budget: Optional[float] = None,
+                limit: Optional[float] = None) -> DeliveryResult:
     """Replay the spool, then send ``ops`` in order, all within ``budget`` seconds (default
     ``timeout * (retries + 1)``); what is not sent by then is spooled. Never raises for
-    network or spool trouble: the result says what happened (fail open).
+    network or spool trouble: the result says what happened (fail open). ``limit``: seconds
+    from now nothing may pass (a hook's deadline); with it, the hook waits for the spool lock
+    up to LOCK_WAIT_SECONDS (within ``limit``), and that wait does not count against ``budget``.
 
     While older entries remain spooled, new operations are spooled behind them rather
     than sent, so a group never goes back to older content.
@@ -381,7 +443,15 @@ def deliver_all(cfg: Config, ops: List[Op], budget: Optional[float] = None) -> D
     own = len(ops)
     if sp is not None:
         try:
-            with sp.locked(wait=min(timeout, max(0.0, _left(deadline)))) as got:
+            waiting = time.monotonic()
+            wait = min(timeout, max(0.0, _left(deadline)))
+            if limit is not None:  # a hook: the holder (the Prolog's publisher) ends within its budget
+                wait = max(wait, min(limit - _left(deadline), LOCK_WAIT_SECONDS))
+            with sp.locked(wait=wait) as got:
+                if got and limit is not None:
+                    # the wait for another hook's flush (the Prolog's publisher) is not gateway
+                    # time: the budget starts once the lock is ours, within ``limit``
+                    deadline = min(deadline + time.monotonic() - waiting, waiting + limit)
                 return _finish(_through_spool(sp, url, timeout, retries, deadline, ops, got, res, errors), errors, own)
         except OSError as e:
             if res.sent or res.spooled:  # the spool broke midway; the rest goes out directly
@@ -404,7 +474,8 @@ def _through_spool(sp: Spool, url: str, timeout: float, retries: int, deadline: 
         errors.append(f"{url} did not answer earlier and /-/ready does not answer now: spooled unsent")
         _spool_rest(sp, ops, res, errors)
         return res
-    fr = sp.flush(url, timeout, retries, budget=max(0.0, _left(deadline)))
+    fr = sp.flush(url, timeout, retries, budget=max(0.0, _left(deadline)),
+                  later={_group(op.grouping) for op in ops})
     res.sent, res.dropped = fr.sent, fr.dropped
     errors.append(fr.error)
     if fr.pending:

@@ -13,6 +13,7 @@ import zlib
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..config import Config
+from . import lexicon
 from .logs import error_lines, expand_paths, scan_many
 from .model import SCHEMA, JobEvidence, LogEvent, TriageFinding
 from .rules import run_job_rules, run_rules
@@ -36,12 +37,14 @@ class TriageResult:
 
 
 def first_error_events(paths: Sequence[str], logs: Dict[str, Dict[str, Any]]) -> List[LogEvent]:
-    """The first traceback exception / error line of every readable log (second pass, bounded)."""
+    """The first traceback exception / error line of every readable log, and the lexicon's words near
+    them (second pass, bounded)."""
     out: List[LogEvent] = []
     for i, p in enumerate(paths):
         if (logs.get(p) or {}).get("read"):
             try:
-                out += error_lines(p, i)
+                first = error_lines(p, i)
+                out += first + lexicon.hits(p, i, near=[e.line for e in first])
             except (OSError, EOFError, zlib.error, subprocess.SubprocessError):
                 continue  # the scan already read it; a second-pass failure only loses the hint
     return out

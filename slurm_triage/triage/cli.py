@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
             return _cannot(result, args.format, "no readable log (" + _why(result.sources) + ")")
     else:
         from ..config import load
-        from ..gate import HostlistError, expand_hostlist
+        from ..step.gate import HostlistError, expand_hostlist
         from . import evidence_read, triage_job
 
         try:

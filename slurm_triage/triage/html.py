@@ -21,7 +21,8 @@ from datetime import datetime, timezone
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import TriageResult
-from .model import FALLBACK, TriageFinding
+from .model import TriageFinding
+from .rules.fallback import is_fallback
 from .report import _SKIP, _sources_line, readable, safe, utc
 from .timeline import NodeTimeline, Series, Timeline
 
@@ -66,7 +67,7 @@ def _root(r: TriageResult) -> str:
                 '<p>No rule matched the evidence below. Check the sources block: what could not be read '
                 'is listed there.</p></section>')
     f = r.findings[0]
-    title = "First error (no known signature)" if f.category == FALLBACK else "Root cause"
+    title = "First error (no known signature)" if is_fallback(f) else "Root cause"
     pct = int(round(f.confidence * 100))
     return (f'<section class="root"><p class="kicker">{title}</p>'
             f'<h2><span class="cat">{e(f.category)}</span> {e(f.summary)}</h2>'

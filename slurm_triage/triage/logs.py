@@ -532,7 +532,9 @@ def error_lines(path: str, file_index: int = 0, source: Optional[str] = None) ->
             in_traceback = True
         elif in_traceback and "first_exception" in want and m:
             kind = "first_exception"
-        if kind is None and "first_error" in want and _ERROR.search(text) and not _NOT_ERROR.search(text):
+        # An exception line pasted without its traceback ("RuntimeError: CUDA out of memory") is an error line too.
+        if kind is None and "first_error" in want and (_ERROR.search(text) or (m and not in_traceback)) \
+                and not _NOT_ERROR.search(text):
             kind = "first_error"
         if kind is None:
             continue

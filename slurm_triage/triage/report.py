@@ -14,7 +14,8 @@ import time
 from typing import Any, Dict, List
 
 from . import TriageResult
-from .model import FALLBACK, TriageFinding
+from .model import TriageFinding
+from .rules.fallback import is_fallback
 
 _SKIP = ("lines", "lines_total")
 MAX_ITEMS = 6
@@ -156,7 +157,7 @@ def render_text(r: TriageResult, colour: bool = False) -> str:
         lines.append("no known failure signature found")
     for i, f in enumerate(r.findings):
         if i == 0:
-            lines.append(f"{'FIRST ERROR' if f.category == FALLBACK else 'ROOT CAUSE'} [{f.category}] {f.summary}")
+            lines.append(f"{'FIRST ERROR' if is_fallback(f) else 'ROOT CAUSE'} [{f.category}] {f.summary}")
             lines.append("what to do now: " + what_to_do_now(f))
         else:
             rel = f"follows from {f.caused_by}" if f.caused_by else "independent"
@@ -182,7 +183,7 @@ def render_markdown(r: TriageResult) -> str:
     if not r.findings:
         lines.append("No known failure signature found.")
     for i, f in enumerate(r.findings):
-        title = ("First error (no known signature)" if f.category == FALLBACK else "Root cause") if i == 0 \
+        title = ("First error (no known signature)" if is_fallback(f) else "Root cause") if i == 0 \
             else ("Consequence" if f.caused_by else "Also found")
         lines.append(f"## {title}: {f.summary}")
         lines.append("")

@@ -74,7 +74,7 @@ def correlate(findings: List[TriageFinding]) -> List[TriageFinding]:
     """Rank findings root cause first, its consequences next, then the rest; set ``caused_by``."""
     if not findings:
         return []
-    known = [f for f in findings if f.category != FALLBACK] or findings
+    known = [f for f in findings if not fallback.is_fallback(f)] or findings
     primaries = [f for f in known if not f.consequence] or known
     root = min(primaries, key=lambda f: (_when(f), f.tier))
     children: List[TriageFinding] = []

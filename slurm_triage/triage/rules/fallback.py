@@ -1,35 +1,131 @@
-"""When no known failure shape matched: name the first error instead of "nothing found".
+"""When no known failure shape matched: name the first error, and the category its words point to.
 
 The earliest error-looking lines (the exception closing the first traceback, the first
-error/fatal line) are what an SRE reads first; the finding says so with a low confidence and
-the category ``unknown``, which never outranks a real finding.
+error/fatal line) are what an SRE reads first. The lexicon's words on the lines nearest them
+(:mod:`..lexicon`: "throttled", "Permission denied", "ibv_*", ...) are weighed, the anchor line
+most, farther lines less; when one category clearly leads, the finding carries it as a best guess
+with a low confidence (at most GUESS_CONFIDENCE, far below what a catalog entry says) and names
+the words that led to it; when none leads, the category stays ``unknown``. A log without any
+error-looking line is weighed by its distinct words alone (a pasted table or status output).
+Either way the finding never outranks a real one (:func:`..rules.correlate` skips it).
 """
 from __future__ import annotations
 
-from typing import List
+from typing import Dict, List, Optional, Tuple
 
 from ...model import Verdict
+from .. import lexicon
 from ..model import FALLBACK, LogEvent, TriageFinding, from_events
 from .common import of_kind, only
 
+ID = "log.first_error"
 CONFIDENCE = 0.2
+GUESS_CONFIDENCE = 0.3
+MIN_SCORE = 1.0   # any real lean: a best guess labelled as such helps more than "unknown"
+LEAD = 1.2        # the guess must outweigh the next category by this factor
+SURE_SCORE = 3.0  # one strong word on the anchor line, or several weaker ones: the full guess confidence
+UNANCHORED = 0.5  # weight of a word in a file without any error-looking line
+REPEATS = 3       # a word near the first error counts on at most this many lines
+PLACE = 0.5       # weight of words that only name a layer (nccl, srun, gpu): they tip, never decide
+
+
+def is_fallback(f: TriageFinding) -> bool:
+    """The first-error finding, guessed category or not: never a root cause over a real finding."""
+    return f.id == ID or f.category == FALLBACK
+
+
+def _nearness(distance: int) -> float:
+    """The anchor line counts double, its neighbours fully, then linearly less to nothing at lexicon.WINDOW lines."""
+    if distance == 0:
+        return 2.0
+    if distance <= 3:
+        return 1.0
+    return max(0.0, 1.0 - (distance - 3) / (lexicon.WINDOW - 3))
+
+
+def weigh(hits: List[LogEvent], anchors: Dict[Tuple[int, str], List[int]]
+          ) -> Tuple[Dict[str, float], Dict[str, Dict[str, float]], Dict[str, float]]:
+    """(category -> score, category -> {word: its share}, category -> its strongest word's weight)
+    over the lexicon hits. Near an anchor of its
+    file a word counts by its nearness, on its REPEATS nearest lines only (one message repeated by
+    every rank is one piece of evidence); in a file without anchors each distinct word counts once."""
+    lex = lexicon.lexicon()
+    factors: Dict[str, List[float]] = {}
+    for e in hits:
+        near = anchors.get((e.file_index, e.source))
+        factor = _nearness(min(abs(e.line - a) for a in near)) if near else UNANCHORED
+        if factor > 0:
+            for w in e.fields.get("words", []):
+                factors.setdefault(w, []).append(factor)
+    total: Dict[str, float] = {}
+    by_word: Dict[str, Dict[str, float]] = {}
+    strongest: Dict[str, float] = {}
+    for w, fs in factors.items():
+        strength = sum(sorted(fs, reverse=True)[:REPEATS]) if any(f != UNANCHORED for f in fs) else UNANCHORED
+        for t in lex.by_word.get(w, ()):
+            total[t.category] = total.get(t.category, 0.0) + t.weight * strength
+            by_word.setdefault(t.category, {})[w] = t.weight * strength
+            strongest[t.category] = max(strongest.get(t.category, 0.0), t.weight)
+    return total, by_word, strongest
+
+
+def guess(hits: List[LogEvent], anchors: Dict[Tuple[int, str], List[int]]
+          ) -> Tuple[Optional[str], float, List[str], Dict[str, float]]:
+    """(category or None, confidence, the words that led to it, every category's score)."""
+    total, by_word, strongest = weigh(hits, anchors)
+    ranked = sorted(total.items(), key=lambda kv: (-kv[1], kv[0]))
+    if not ranked or ranked[0][1] < MIN_SCORE or strongest[ranked[0][0]] <= PLACE:
+        return None, CONFIDENCE, [], total
+    top, score = ranked[0]
+    runner = ranked[1][1] if len(ranked) > 1 else 0.0
+    if score < LEAD * runner:
+        return None, CONFIDENCE, [], total
+    clarity = min(1.0, (score - runner) / score) * min(1.0, score / SURE_SCORE)
+    conf = CONFIDENCE + (GUESS_CONFIDENCE - CONFIDENCE) * clarity - (0.0 if anchors else 0.05)
+    words = [w for w, _ in sorted(by_word[top].items(), key=lambda kv: -kv[1])][:5]
+    return top, round(conf, 2), words, total
+
+
+def _short(text: str, n: int = 200) -> str:
+    return text if len(text) <= n else text[:n - 3] + "..."
 
 
 def first_error(events: List[LogEvent]) -> List[TriageFinding]:
-    """The earliest exception / error line when no catalog entry or rule matched anything."""
+    """The earliest exception / error line and the category its nearby words point to, when no catalog
+    entry or rule matched anything."""
     exc = of_kind(events, "first_exception")
     err = of_kind(events, "first_error")
+    hits = of_kind(events, lexicon.KIND)
+    anchors: Dict[Tuple[int, str], List[int]] = {}
+    for e in exc + err:
+        anchors.setdefault((e.file_index, e.source), []).append(e.line)
+    category, conf, words, total = guess(hits, anchors)
     if not exc and not err:
-        return []
+        if category is None:
+            return []
+        shown = [e for e in hits if set(e.fields["words"]) & set(words)][:5]
+        return [_finding(shown, shown[0], category, conf, words, total,
+                         f"no error line and no known failure shape; the words {', '.join(words)} point to "
+                         f"{category}: {_short(shown[0].text, 160)}")]
     # Per file, the exception of the first traceback says more than a generic error line; the
     # earliest file (in the order given) wins.
     lead = min(exc or err, key=lambda e: e.order)
     shown = sorted(exc + err, key=lambda e: e.order)
-    text = lead.text if len(lead.text) <= 200 else lead.text[:197] + "..."
-    return [from_events(
-        shown, id="log.first_error", category=FALLBACK, verdict=Verdict.WARN, confidence=CONFIDENCE,
-        summary=text,
-        action="read the log around this line; if it is a real failure shape, add it to the catalog "
-               "(slurm_triage/triage/catalog) with its case",
-        node=only(e.node for e in shown), rank=lead.rank,
-        evidence={"exception": lead.fields.get("exception"), "first_line": lead.where})]
+    text = _short(lead.text)
+    if category is not None:
+        text = f"{text} — best guess {category} (words: {', '.join(words)})"
+    return [_finding(shown, lead, category or FALLBACK, conf, words, total, text)]
+
+
+def _finding(shown: List[LogEvent], lead: LogEvent, category: str, conf: float, words: List[str],
+             total: Dict[str, float], summary: str) -> TriageFinding:
+    evidence: Dict[str, object] = {"exception": lead.fields.get("exception"), "first_line": lead.where}
+    if total:
+        evidence["lexicon"] = {"guess": None if category == FALLBACK else category, "words": words,
+                               "scores": {k: round(v, 1) for k, v in sorted(total.items(), key=lambda kv: -kv[1])}}
+    action = "if it is a real failure shape, add it to the catalog (slurm_triage/triage/catalog) with its case"
+    action = ("read the log around this line; " if category == FALLBACK else
+              f"a guess from its words only: confirm {category} in the log around this line; ") + action
+    return from_events(
+        shown, id=ID, category=category, verdict=Verdict.WARN, confidence=conf if category != FALLBACK else CONFIDENCE,
+        summary=summary, action=action, node=only(e.node for e in shown), rank=lead.rank, evidence=evidence)

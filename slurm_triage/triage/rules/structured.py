@@ -16,6 +16,7 @@ from collections import Counter
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ...model import Verdict
+from .. import lexicon
 from ..model import LogEvent, TriageFinding, from_events
 from . import Rule
 from .common import of_kind, only, ranks_text
@@ -85,6 +86,25 @@ DCGM_HEALTH_SYSTEMS: Dict[str, str] = {
     "sm": "gpu_hardware", "connectx": "network", "cpu": "host_resources",
 }
 
+# A temperature in a table (nvidia-smi, rocm-smi) comes without the GPU's own limits (nvidia-smi -q has
+# them): NVIDIA GPUs' "GPU Slowdown Temp" lies at about 85-95 °C by model, AMD GPUs throttle on the
+# edge sensor from about 90-100 °C and on the junction sensor from about 105-110 °C (nvidia-smi -q,
+# rocm-smi --showtemp/--showmaxpower). At or over these a GPU is at its throttling point.
+HOT_C = 90.0
+HOT_JUNCTION_C = 105.0
+AT_CAP = 0.98  # power draw within 2 % of the cap: held at its power limit
+
+# InfiniBand port states (IBTA spec vol. 1 §7.2; ibstat(8)): what a port that is not Active means.
+IB_PROBLEMS: Tuple[Tuple[str, str, str], ...] = (
+    ("Disabled", "", "the port is disabled (by an admin or the switch side)"),
+    ("Polling", "", "the port has no physical link: cable unplugged or broken, or the peer port / switch is down"),
+    ("LinkUp", "Initializing", "the link is up but no subnet manager has made the port Active (opensm or the "
+                              "fabric's SM is not running or cannot reach it)"),
+    ("LinkUp", "Armed", "the link is up but the port was left Armed by the subnet manager"),
+    ("LinkErrorRecovery", "", "the link keeps failing and retraining (cable, transceiver or port)"),
+    ("", "Down", "the port is down"),
+)
+
 # mlx5_core (ConnectX) kernel messages (drivers/net/ethernet/mellanox/mlx5): (regex, meaning, verdict,
 # confidence, a note only). An unplugged cable is also what an unused port reports at every boot.
 MLX5_MESSAGES: Tuple[Tuple[str, str, Verdict, float, bool], ...] = (
@@ -106,7 +126,7 @@ UNKNOWN_ERROR_FIELDS = ("gpu uuid", "serial number", "product name", "temperatur
 _OURS = {"smi_q_gpu", "smi_row", "smi_handle_error", "smi_no_devices", "smi_no_driver", "dcgm_diag_result",
          "dcgm_diag_message", "dcgm_health", "dcgm_health_incident", "slurm_node_reason", "sacct_job",
          "kmsg_gpu_lost", "kmsg_aer", "kmsg_gpu_dev", "kmsg_oom_kill", "kmsg_hung_task", "kmsg_sxid", "kmsg_mlx5",
-         "pyspy_thread", "pyspy_error", "fr_missing_ranks", "fr_last_collective"}
+         "pyspy_thread", "pyspy_error", "fr_missing_ranks", "fr_last_collective", "rocm_row", "ib_port"}
 """The parsers' event kinds (a catalog entry may share a prefix, e.g. ``dcgm_thermal_violation``)."""
 _FALLBACK_KINDS = ("first_error", "first_exception")  # what the fallback pass reads: no judgement of its own
 _COLLECTIVES = {"all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base", "reduce_scatter",
@@ -318,6 +338,78 @@ def smi_unreachable(events: List[LogEvent]) -> List[TriageFinding]:
     return out
 
 
+def _row_temps(e: LogEvent) -> str:
+    f = e.fields
+    parts = [f"{f[k]:g} °C{label}" for k, label in (("temp_c", ""), ("junction_temp_c", " junction"),
+                                                   ("mem_temp_c", " memory")) if k in f]
+    return ", ".join(parts)
+
+
+def _row_name(e: LogEvent) -> str:
+    index = str(e.fields.get("index", "?"))
+    return f"GPU {index}" + (f" ({e.gpu})" if e.gpu and e.gpu != index else "")
+
+
+def table_heat(events: List[LogEvent]) -> List[TriageFinding]:
+    """GPUs in an nvidia-smi or rocm-smi table at their throttling temperature (no limits in a table:
+    HOT_C edge, HOT_JUNCTION_C junction), and GPUs drawing their full power cap."""
+    rows = of_kind(events, "smi_row", "rocm_row")
+    out: List[TriageFinding] = []
+    hot = [e for e in rows if (e.fields.get("temp_c") or 0) >= HOT_C
+           or (e.fields.get("junction_temp_c") or 0) >= HOT_JUNCTION_C]
+    if hot:
+        out.append(from_events(
+            hot, id="table.hot", category="thermal_power", verdict=Verdict.WARN, confidence=0.45,
+            gpu=only(e.gpu for e in hot),
+            summary=f"{', '.join(_row_name(e) for e in hot[:4])} at {'; '.join(_row_temps(e) for e in hot[:3])}: at or "
+                    f"over the {HOT_C:g} °C where GPUs throttle their clocks",
+            action="check cooling of that node (fans, airflow, inlet temperature); nvidia-smi -q -d TEMPERATURE "
+                   "(or rocm-smi --showtemp) shows the GPU's own slowdown limit",
+            evidence={"temperature": {_row_name(e): _row_temps(e) for e in hot}, "limit_c": HOT_C}))
+    capped = [e for e in rows if e not in hot and (e.fields.get("power_cap_w") or 0) > 0
+              and (e.fields.get("power_w") or 0) >= AT_CAP * e.fields["power_cap_w"]]
+    if capped:
+        out.append(from_events(
+            capped, id="table.power_cap", category="thermal_power", verdict=Verdict.WARN, confidence=0.25,
+            consequence=True, gpu=only(e.gpu for e in capped),
+            summary=f"{', '.join(_row_name(e) for e in capped[:4])} draw their full power cap ("
+                    + "; ".join(f"{e.fields['power_w']:g} / {e.fields['power_cap_w']:g} W" for e in capped[:3])
+                    + "): clocks are held by the power limit",
+            action="normal under full load; a problem when the cap is below the GPU's default or its peers'",
+            evidence={"power_w": {_row_name(e): [e.fields["power_w"], e.fields["power_cap_w"]] for e in capped}}))
+    return out
+
+
+def ib_ports(events: List[LogEvent]) -> List[TriageFinding]:
+    """InfiniBand/RoCE ports that are not Active (ibstat, ibv_devinfo, ibstatus), by what their logical
+    and physical states mean; weak when another port in the paste is Active (often a spare port)."""
+    active = [e for e in of_kind(events, "ib_port") if e.fields.get("state") == "Active"]
+    groups: Dict[str, List[LogEvent]] = {}
+    for e in _fresh(events, "ib_port"):
+        if e in active:
+            continue
+        phys, state = str(e.fields.get("phys_state", "")), str(e.fields.get("state", ""))
+        meaning = next((m for p, s, m in IB_PROBLEMS if (not p or p == phys) and (not s or s == state)), None)
+        if meaning:
+            groups.setdefault(meaning, []).append(e)
+    out: List[TriageFinding] = []
+    for meaning, evs in groups.items():
+        names = [f"{e.fields['ca']} port {e.fields['port']}" for e in evs]
+        spare = bool(active)
+        out.append(from_events(
+            evs, id="ib.port." + re.sub(r"\W+", "_", str(evs[0].fields.get("phys_state") or evs[0].fields["state"]).lower()),
+            category="network", verdict=Verdict.WARN if spare else Verdict.FAIL, confidence=0.3 if spare else 0.55,
+            consequence=spare, tier=1, node=only(e.node for e in evs),
+            summary=f"{', '.join(names[:4])}: {meaning}" + (f" ({len(active)} other port(s) Active: it may be an "
+                                                              "unused port)" if spare else ""),
+            action="check the cable, transceiver and switch port of that HCA port (ibstat, iblinkinfo, the switch's "
+                   "log); for Initializing check that the subnet manager runs",
+            evidence={"ports": {n: f"{e.fields.get('state')}/{e.fields.get('phys_state', '?')}"
+                                for n, e in zip(names, evs)},
+                      "active_ports": [f"{e.fields['ca']} port {e.fields['port']}" for e in active]}))
+    return out
+
+
 def _dcgm_category(test: Optional[str], messages: Sequence[str]) -> str:
     for text in messages:
         for pattern, cat in DCGM_MESSAGES:
@@ -373,6 +465,23 @@ def dcgm_results(events: List[LogEvent]) -> List[TriageFinding]:
     return out
 
 
+def _reason_meaning(reason: str) -> Tuple[str, float, str, str]:
+    """(category, confidence, meaning, action) of a drain/down reason: Slurm's own reasons exactly,
+    then an admin's free text by the lexicon's words ("GPU temp high" -> thermal_power), then the
+    node-reason table's loose GPU pattern, else a drain whose cause the reason does not say."""
+    hit = next((r for r in NODE_REASONS[:-1] if re.search(r[0], reason, re.I)), None)
+    if hit:
+        return hit[1], hit[2], hit[3], hit[4]
+    lean = lexicon.leaning(reason, minimum=1.5)
+    if lean:
+        return (lean[0], 0.4, f"the reason's words ({', '.join(lean[1])}) point to {lean[0]}",
+                "ask whoever set the reason what they saw; check that evidence on the node before resuming it")
+    hit = next((r for r in NODE_REASONS[-1:] if re.search(r[0], reason, re.I)), None)
+    if hit:
+        return hit[1], hit[2], hit[3], hit[4]
+    return "scheduler", 0.3, "the node was drained or set down", "ask whoever set the reason; resume when fixed"
+
+
 def node_reasons(events: List[LogEvent]) -> List[TriageFinding]:
     """Drain/down reasons from sinfo -R and scontrol show node, by what Slurm (or an admin) wrote there."""
     groups: Dict[str, List[LogEvent]] = {}
@@ -380,9 +489,7 @@ def node_reasons(events: List[LogEvent]) -> List[TriageFinding]:
         groups.setdefault(str(e.fields["reason"]), []).append(e)
     out: List[TriageFinding] = []
     for reason, evs in groups.items():
-        hit = next((r for r in NODE_REASONS if re.search(r[0], reason, re.I)), None)
-        cat, conf, meaning, action = (hit[1], hit[2], hit[3], hit[4]) if hit else (
-            "scheduler", 0.3, "the node was drained or set down", "ask whoever set the reason; resume when fixed")
+        cat, conf, meaning, action = _reason_meaning(reason)
         nodes = sorted({str(e.fields["nodes"]) for e in evs})
         out.append(from_events(
             evs, id="slurm.reason." + re.sub(r"\W+", "_", reason.lower()).strip("_")[:40], category=cat,
@@ -664,6 +771,8 @@ RULES: Tuple[Rule, ...] = (
     Rule("smi.clock_events", ("thermal_power",), smi_clock_events),
     Rule("smi.gpu_health", ("gpu_hardware",), smi_gpu_health),
     Rule("smi.unreachable", ("gpu_hardware", "config"), smi_unreachable),
+    Rule("table.heat", ("thermal_power",), table_heat),
+    Rule("ib.ports", ("network",), ib_ports),
     Rule("dcgm.diag", ("gpu_hardware", "thermal_power", "config", "network"), dcgm_results),
     Rule("slurm.reason", ("scheduler", "config", "gpu_hardware"), node_reasons),
     Rule("sacct.state", ("scheduler", "memory"), sacct_states),

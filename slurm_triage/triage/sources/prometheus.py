@@ -175,7 +175,7 @@ class _Plan:
             "watch_straggler": ("instant", f"max by (instance, gpu_uuid) "
                                            f"({self.over('max_over_time', 'metric_watch_straggler', self.job_sel)}) > 0"),
             # the watcher's own series of a --triage step: thread names, and GPU figures where no
-            # dcgm-exporter runs (fixed names: slurm_triage.watcher.render)
+            # dcgm-exporter runs (fixed names: slurm_triage.step.watcher.render)
             "thread_names": ("instant", f"max by (instance, pid, comm, thread) (max_over_time("
                                         f"slurm_triage_watch_thread_names{{{self.job_sel}}}[{self.w}s] @ {self.e}))"),
             "watch_power": ("instant", f"avg by (instance) (avg_over_time("

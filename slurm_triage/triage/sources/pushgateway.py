@@ -143,7 +143,7 @@ def node_config(cfg: Config, template: str, node: str) -> Config:
 
 def read_state(cfg: Config, job_id: str, nodes: Sequence[str]) -> Dict[str, Dict[str, Any]]:
     """``{node: {"prolog": rec, "epilog": rec}}`` for the state files this process can read."""
-    from ...gate import state_dir_template
+    from ...step.gate import state_dir_template
     from ...sinks import state
 
     template = state_dir_template(cfg)

@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from ...gate import HostlistError, expand_hostlist
+from ...step.gate import HostlistError, expand_hostlist
 from ...slurmctl import run_tool as _run
 
 _SACCT_FIELDS = ("JobID", "State", "ExitCode", "Start", "End", "NodeList", "Reason", "Timelimit", "Submit")

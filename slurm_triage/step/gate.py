@@ -20,9 +20,9 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from . import ids
-from .config import Config
-from .model import Verdict
+from .. import ids
+from ..config import Config
+from ..model import Verdict
 
 MAX_HOSTS = 65536
 """Expanding a hostlist beyond this is refused: no real allocation is that large."""
@@ -272,7 +272,7 @@ def _label_value_one(family: Optional[Dict[str, Any]], label: str) -> Optional[s
 
 def evidence_from_groups(groups: Iterable[Dict[str, Any]], job_id: str) -> Dict[str, NodeEvidence]:
     """Pure: this job's Prolog groups from a ``/api/v1/metrics`` answer, by node."""
-    from .sinks.peer_metrics import parse_group
+    from ..sinks.peer_metrics import parse_group
 
     out: Dict[str, NodeEvidence] = {}
     for g in groups:
@@ -319,7 +319,7 @@ def fetch_pushgateway(url: str, job_id: str, timeout: float) -> Dict[str, NodeEv
 
 def state_dir_template(cfg: Config) -> str:
     """node.state_dir before ``{node}`` was replaced by this host's name."""
-    from .config import SCHEMA, parse
+    from ..config import SCHEMA, parse
 
     if cfg.source and cfg.source.startswith("/"):
         try:
@@ -334,7 +334,7 @@ def evidence_from_state(cfg: Config, job_id: str, nodes: Sequence[str]) -> Dict[
     """The Prolog records in the nodes' state dirs, where this process can read them."""
     from dataclasses import replace
 
-    from .sinks import state
+    from ..sinks import state
 
     template = state_dir_template(cfg)
     out: Dict[str, NodeEvidence] = {}
@@ -357,7 +357,7 @@ def evidence_from_state(cfg: Config, job_id: str, nodes: Sequence[str]) -> Dict[
 
 def job_info(cfg: Config, job_id: str, timeout: float = 5.0) -> Tuple[str, Optional[float]]:
     """(NodeList, StartTime as unix seconds) from ``scontrol show job -o``; ("", None) when unknown."""
-    from .slurmctl import tool_env
+    from ..slurmctl import tool_env
 
     try:
         r = subprocess.run([cfg.get("hooks", "scontrol"), "show", "job", "-o", job_id], capture_output=True,
@@ -436,7 +436,7 @@ def run(cfg: Config, job_id: str, nodelist: str, fmt: str = "text", out: Any = N
 def _cmd(args: Any) -> int:
     import os
 
-    from .config import load
+    from ..config import load
 
     job = args.job or os.environ.get("SLURM_JOB_ID", "")
     if not ids.is_job_id(job):

@@ -16,7 +16,6 @@ import ctypes
 import json
 import math
 import os
-import re
 import select
 import shutil
 import signal
@@ -24,13 +23,15 @@ import stat as stat_mod
 import subprocess
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Deque, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from . import hang
-from .config import Config, load
-from .deadline import run_probe
-from .sinks.exposition import to_text
+from ..collect import jobs
+from ..config import Config, load
+from ..deadline import run_probe
+from ..ids import is_sluid
+from ..sinks.exposition import to_text
 
 PROC = "/proc"
 COMM = "triage-watcher"  # the daemon's /proc/PID/comm, checked by stop() before any signal
@@ -44,8 +45,7 @@ COMPACT_GPU = ("uuid", "index", "minor", "power_watts", "power_limit_watts", "ut
 # Rank environment worth keeping in an evidence bundle (names or prefixes ending in "_").
 EVIDENCE_ENV = ("NCCL_", "TORCH_", "CUDA_", "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE",
                 "SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "PYTORCH_")
-_STEP_ENV = (b"SLURM_JOB_ID", b"SLURM_STEP_ID", b"SLURM_STEP_GPUS", b"SLURM_JOB_GPUS")
-_CGROUP_STEP = re.compile(rb"/job_(\d+)/step_([a-z0-9]+)(?:/|$)", re.MULTILINE)
+_STEP_ENV = (b"SLURM_JOB_ID", b"SLURM_JOB_SLUID", b"SLURM_STEP_ID", b"SLURM_STEP_GPUS", b"SLURM_JOB_GPUS")
 
 
 
@@ -61,6 +61,8 @@ class WatchContext:
     uid: int
     gid: int
     mode: str
+    sluid: str = ""
+    """The job's SLUID when its cgroup v2 directory is named by it (Slurm >= 26.05), else ""."""
 
     @property
     def step(self) -> str:
@@ -193,22 +195,41 @@ def _read_bytes(path: str, limit: int = 1 << 20) -> bytes:
         return fh.read(limit)
 
 
+def with_sluid(ctx: WatchContext, stepd_pid: int) -> WatchContext:
+    """``ctx`` with the job's SLUID when the step's slurmstepd lives in a SLUID-named cgroup
+    (``SLUID/step_N/slurm``: root's, so it cannot be forged by the job's user)."""
+    try:
+        m = jobs.cgroup_step(_read_bytes(f"{PROC}/{stepd_pid}/cgroup", 1 << 14))
+    except OSError:
+        return ctx
+    if m is None or m[1] != ctx.step_id or not is_sluid(m[0]):
+        return ctx
+    return replace(ctx, sluid=m[0])
+
+
 def _membership(pid: int, ctx: WatchContext) -> Tuple[bool, str]:
-    """(belongs to the step, its SLURM_STEP_GPUS/SLURM_JOB_GPUS): cgroup first, environ else."""
+    """(belongs to the step, its SLURM_STEP_GPUS/SLURM_JOB_GPUS): cgroup first, environ else.
+
+    Both cgroup namings count: ``job_<id>/step_<step>`` and Slurm 26.05's ``<SLUID>/step_<step>``.
+    A SLUID cgroup when the step's SLUID is not known is matched by the process's own
+    SLURM_JOB_SLUID, with its SLURM_JOB_ID and SLURM_STEP_ID."""
     gpus = ""
     try:
-        m = _CGROUP_STEP.search(_read_bytes(f"{PROC}/{pid}/cgroup", 1 << 14))
+        m = jobs.cgroup_step(_read_bytes(f"{PROC}/{pid}/cgroup", 1 << 14))
     except OSError:
         return False, gpus
-    if m and (m.group(1).decode(), m.group(2).decode()) != (ctx.job_id, ctx.step_id):
+    by_cgroup = m is not None and m in ((ctx.job_id, ctx.step_id), (ctx.sluid, ctx.step_id))
+    if m is not None and not by_cgroup and (ctx.sluid or not is_sluid(m[0]) or m[1] != ctx.step_id):
         return False, gpus
     try:
         env = _env_vars(_read_bytes(f"{PROC}/{pid}/environ"), _STEP_ENV)
     except OSError:
         env = {}
     gpus = env.get("SLURM_STEP_GPUS") or env.get("SLURM_JOB_GPUS") or ""
-    if m:
+    if by_cgroup:
         return True, gpus
+    if m is not None and env.get("SLURM_JOB_SLUID") != m[0]:
+        return False, gpus
     return (env.get("SLURM_JOB_ID"), env.get("SLURM_STEP_ID")) == (ctx.job_id, ctx.step_id), gpus
 
 
@@ -313,10 +334,10 @@ def _collect(cfg: Config, ctx: WatchContext, known: Dict[int, List[Any]], parent
     out: Dict[str, Any] = {"t": time.time(), "errors": {}}
     parts = {"procs": lambda: scan_step(ctx, known, {parent, os.getpid()})}
     if cfg.get("gpu", "enabled"):
-        from .collect import gpu
+        from ..collect import gpu
         parts["gpu"] = lambda: [compact_gpu(g) for g in gpu.collect(cfg).get("gpus", [])]
     if cfg.get("rdma", "enabled"):
-        from .collect import rdma
+        from ..collect import rdma
         parts["rdma"] = lambda: rdma.collect(cfg)
     for name, fn in parts.items():
         try:
@@ -456,7 +477,7 @@ class Watcher:
         """Import (and dlopen) once here what every probe child needs, so each fork starts
         warm instead of paying the imports every interval."""
         if self.cfg.get("gpu", "enabled"):
-            from .collect import gpu  # noqa: F401
+            from ..collect import gpu  # noqa: F401
 
             try:
                 import pynvml  # noqa: F401
@@ -466,7 +487,7 @@ class Watcher:
             except (ImportError, OSError) as e:
                 self.log(f"NVML unavailable: {e}")
         if self.cfg.get("rdma", "enabled"):
-            from .collect import rdma  # noqa: F401
+            from ..collect import rdma  # noqa: F401
 
     def log(self, msg: str) -> None:
         """A bounded log next to the evidence (the user can read it; stderr goes nowhere)."""
@@ -545,7 +566,7 @@ class Watcher:
     def push(self, sample: Dict[str, Any], hang_on: bool, slow: Mapping[str, Any], leak: bool) -> None:
         if not self.cfg.get("pushgateway", "url"):
             return
-        from .sinks import spool
+        from ..sinks import spool
 
         res = spool.deliver(self.push_cfg, self.grouping, render(self.ctx, sample, hang_on, slow, leak))
         if not res.delivered:
@@ -594,7 +615,7 @@ def _daemon(cfg: Config, ctx: WatchContext, stepd: Tuple[int, int], sdir: str, r
         me = _stat_fields(os.getpid())
         rec = {"pid": os.getpid(), "start_ticks": me[2] if me else 0, "job_id": ctx.job_id,
                "step_id": ctx.step_id, "node": ctx.node}
-        from .sinks.atomic import write_atomic
+        from ..sinks.atomic import write_atomic
 
         write_atomic(os.path.join(sdir, PIDFILE), json.dumps(rec).encode(), mode=0o600, fsync=False)
         os.write(ready_fd, str(os.getpid()).encode())
@@ -623,6 +644,7 @@ def start(ctx: WatchContext, cfg: Optional[Config] = None) -> int:
     stepd = find_stepd(ctx)
     if stepd is None:
         raise WatchError(f"no 'slurmstepd: [{ctx.step}]' process: nothing to watch")
+    ctx = with_sluid(ctx, stepd[0])
     sdir = _private_dir(*_step_parts(cfg, ctx))
     rec = _read_pidfile(os.path.join(sdir, PIDFILE))
     if rec is not None and _is_watcher(rec):

@@ -1,4 +1,4 @@
-"""What the SPANK plugin execs: ``python -I -m slurm_triage.spank gate|watch-start|watch-stop``.
+"""What the SPANK plugin execs: ``python -I -m slurm_triage.step.spank gate|watch-start|watch-stop``.
 
 The plugin (spank/slurm_triage_spank.c) builds this process's whole environment itself
 and passes the step as ``SLURM_TRIAGE_{JOB_ID,STEP_ID,NODE,UID,GID,MODE,NODELIST}``; in
@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from typing import Dict, Mapping, Optional
 
-from . import ids
+from .. import ids
 
 
 class ContextError(ValueError):
@@ -71,7 +71,7 @@ def _say(msg: str) -> None:
 def gate(ctx: StepContext) -> int:
     """The gang gate before srun launches: 1 blocks the step, 0 launches."""
     from . import gate as gang
-    from .config import ConfigError, load
+    from ..config import ConfigError, load
 
     try:
         cfg = load(ctx.config, fail_open=True)
@@ -84,15 +84,15 @@ def gate(ctx: StepContext) -> int:
 
 
 def _watch(ctx: StepContext, action: str) -> int:
-    """Start or stop this step's watcher (slurm_triage.watcher) on this node."""
+    """Start or stop this step's watcher (slurm_triage.step.watcher) on this node."""
     try:
         from . import watcher
     except ModuleNotFoundError as e:
         if e.name != __package__ + ".watcher":
             raise
-        _say(f"{action}: slurm_triage.watcher is not installed; no watcher for job {ctx.job_id}")
+        _say(f"{action}: slurm_triage.step.watcher is not installed; no watcher for job {ctx.job_id}")
         return 0
-    from .config import load
+    from ..config import load
 
     wctx = watcher.WatchContext(job_id=ctx.job_id, step_id=ctx.step_id, node=ctx.node, uid=ctx.uid,
                                 gid=ctx.gid, mode=ctx.mode)
@@ -114,7 +114,7 @@ ACTIONS: Dict[str, object] = {"gate": gate, "watch-start": lambda c: _watch(c, "
 def main(argv: Optional[list] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or argv[0] not in ACTIONS:
-        _say("usage: python -I -m slurm_triage.spank " + "|".join(ACTIONS))
+        _say("usage: python -I -m slurm_triage.step.spank " + "|".join(ACTIONS))
         return 0
     try:
         ctx = context()

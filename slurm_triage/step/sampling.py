@@ -11,12 +11,12 @@ import statistics
 import time
 from typing import Any, Dict, List
 
-from .config import Config
-from .deadline import run_probe
+from ..config import Config
+from ..deadline import run_probe
 
 
 def _sample(cfg: Config, seconds: float, interval: float) -> List[Dict[str, Any]]:
-    from .collect import gpu
+    from ..collect import gpu
 
     out = []
     end = time.monotonic() + seconds

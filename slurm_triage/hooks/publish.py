@@ -1,0 +1,68 @@
+"""`python -I -m slurm_triage.hooks.publish KIND JOB_ID SECONDS DEADLINE LOCK_NS`: the
+detached publisher a hook starts (common.in_background) once its state is saved.
+
+It pushes the saved state of KIND (the Prolog's lean group) and writes the textfile, with
+the same fail-open rules as the hook: its faults are logged and counted, never raised; it
+stops at the hook's deadline (DEADLINE seconds from its start; the spool keeps what was not
+sent); LOCK_NS, unless "-", says it inherited the spool lock on fd 3 and orders its spool
+entries as of that time.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from typing import List
+
+from . import common
+from .env import JobEnv
+
+
+def main(argv: List[str]) -> int:
+    kind, job_id, seconds, deadline, lock_ns = argv
+    cfg = common.load(fail_open=True)
+    if lock_ns != "-":
+        from ..sinks.spool import adopt
+
+        adopt(cfg, common.PUBLISHER_LOCK_FD, int(lock_ns))
+
+    def on_alarm(signum: int, frame: object) -> None:
+        common.log(cfg, kind, f"job {job_id}: publisher passed the hook's deadline; the rest stays spooled")
+        common.count_internal_error(cfg)
+        os._exit(0)
+
+    common._deadline_at[0] = time.monotonic() + float(deadline)
+    signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, max(0.001, float(deadline)))
+    try:
+        from ..model import Finding
+        from ..sinks import state
+
+        record = state.load(cfg, job_id, kind)
+        if record is None:
+            common.log(cfg, kind, f"job {job_id}: publisher found no saved state; nothing pushed")
+            common.count_internal_error(cfg)
+            return 0
+        env = JobEnv(job_id=job_id, node=record.get("node") or os.environ.get("SLURMD_NODENAME", ""))
+        snap = record.get("snapshot") or {}
+        findings = [Finding.from_dict(d) for d in record.get("findings") or []]
+        if kind != "prolog":
+            raise ValueError(f"no background publisher for {kind!r}")
+        from .prolog import _push
+
+        if cfg.get("pushgateway", "url"):
+            _push(cfg, env, snap, findings, record, float(seconds))
+        common.write_textfile(cfg, snap, findings)
+    except Exception as e:  # noqa: BLE001 - fail open, as the hook does
+        common.log(cfg, kind, f"job {job_id}: publisher internal error {type(e).__name__}: {e}")
+        common.count_internal_error(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 6:
+        sys.stderr.write("usage: python -I -m slurm_triage.hooks.publish KIND JOB_ID SECONDS DEADLINE LOCK_NS\n")
+        sys.exit(0)
+    main(sys.argv[1:])
+    os._exit(0)

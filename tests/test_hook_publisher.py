@@ -1,0 +1,177 @@
+"""The Prolog's background publisher (issue 10): the job does not wait for the push, and
+nothing about the push changes: the group arrives, a later hook's DELETE of the same group
+cannot overtake it, the publisher is never taken for a process of the job, and a hook that
+must say something (WARN, FAIL, --triage) still pushes before it exits."""
+from __future__ import annotations
+
+import fcntl
+import http.server
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Dict, Iterator, List
+
+import pytest
+import requests
+
+from conftest import ROOT, SCENARIOS
+
+from slurm_triage.config import Config, defaults
+from slurm_triage.sinks import spool
+
+PROLOG = ROOT / "prolog" / "slurm-triage-prolog"
+EPILOG = ROOT / "epilog" / "slurm-triage-epilog"
+
+
+def _config(tmp_path: Path, lib: Path, url: str, kernel: str = "") -> Path:
+    (tmp_path / "kernel.log").write_text(kernel)
+    p = tmp_path / "c.toml"
+    p.write_text(f'[node]\nstate_dir = "{tmp_path}/state"\nspool_dir = "{tmp_path}/spool"\nsyslog_socket = ""\n'
+                 f'[gpu]\nnvml_library = "{lib}"\ndeadline_seconds = 10.0\n'
+                 f'[kernel]\nsource = "file"\npath = "{tmp_path}/kernel.log"\n'
+                 f'[hooks]\nscontrol = "/bin/false"\n[drain]\nretry_seconds = 0.0\n'
+                 f'[pushgateway]\nurl = "{url}"\n'
+                 f'[procs]\nenabled = false\n')  # this machine's other processes must not make it WARN
+    return p
+
+
+def _env(config: Path, job: str, triage: str = "") -> Dict[str, str]:
+    env = {"SLURM_JOB_ID": job, "SLURMD_NODENAME": "node1", "SLURM_JOB_UID": str(os.getuid()),
+           "SLURM_TRIAGE_CONFIG": str(config), "FAKENVML_SCENARIO": str(SCENARIOS / "h100x8-idle.json")}
+    if triage:
+        env["SPANK_TRIAGE"] = triage
+    return env
+
+
+def _phases(pg, job: str) -> List[str]:
+    return sorted(g["labels"].get("phase", "") for g in pg.groups() if g["labels"].get("slurm_job_id") == job)
+
+
+def _publishers() -> List[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        try:
+            if d.isdigit() and b"slurm_triage.hooks.publish" in Path(f"/proc/{d}/cmdline").read_bytes():
+                out.append(int(d))
+        except OSError:
+            pass
+    return out
+
+
+def _wait(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+@pytest.fixture
+def slow_puts(pushgateway) -> Iterator[str]:
+    """A proxy to the real gateway that holds the Prolog's PUT 0.8 s: it is still in flight
+    when the Epilog, started at once, wants to delete the same group."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _forward(self) -> None:
+            data = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if self.command == "PUT" and self.path.endswith("/phase/prolog"):
+                time.sleep(0.8)
+            r = requests.request(self.command, pushgateway.url + self.path, data=data or None, timeout=10,
+                                 headers={"Content-Type": self.headers.get("Content-Type", "text/plain")})
+            self.send_response(r.status_code)
+            self.send_header("Content-Length", str(len(r.content)))
+            self.end_headers()
+            self.wfile.write(r.content)
+
+        do_GET = do_PUT = do_DELETE = do_POST = _forward
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_ok_prolog_exits_before_its_push_and_the_epilogs_delete_still_comes_last(tmp_path, fakenvml_lib, pushgateway,
+                                                                                   slow_puts):
+    cfg = _config(tmp_path, fakenvml_lib, slow_puts)
+    r = subprocess.run([str(PROLOG)], env=_env(cfg, "501"), capture_output=True, timeout=60)
+    assert r.returncode == 0 and r.stderr == b"", r.stderr  # OK: nothing logged, pushed in the background
+    fd = os.open(tmp_path / "spool" / spool.LOCK_FILE, os.O_RDWR)
+    try:
+        with pytest.raises(BlockingIOError):  # handed over before the hook exited, not taken later
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+    running = _publishers()
+    # the publisher holds the spool lock it was handed: the Epilog, started at once, waits for
+    # it, so its DELETE of the prolog group lands after the Prolog's PUT, never before
+    r = subprocess.run([str(EPILOG)], env=_env(cfg, "501"), capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert _wait(lambda: not [p for p in running if os.path.exists(f"/proc/{p}")])
+    assert _phases(pushgateway, "501") == ["last_job"]
+    assert list((tmp_path / "spool").glob("*.json")) == []
+    log = (tmp_path / "state" / "hooks.log").read_text() if (tmp_path / "state" / "hooks.log").exists() else ""
+    assert "publisher" not in log, log
+
+
+def test_the_publisher_pushes_the_prolog_group_and_is_not_a_process_of_the_job(tmp_path, fakenvml_lib, pushgateway):
+    cfg = _config(tmp_path, fakenvml_lib, pushgateway.url)
+    r = subprocess.run([str(PROLOG)], env=_env(cfg, "502"), capture_output=True, timeout=60)
+    assert r.returncode == 0 and r.stderr == b"", r.stderr
+    for pid in _publishers():  # still running: its environment claims no job
+        try:
+            assert b"SLURM_JOB_ID" not in Path(f"/proc/{pid}/environ").read_bytes()
+        except FileNotFoundError:
+            pass
+    assert _wait(lambda: _phases(pushgateway, "502") == ["prolog"])
+    group = next(g for g in pushgateway.groups() if g["labels"].get("slurm_job_id") == "502")
+    assert float(group["slurm_triage_node_verdict"]["metrics"][0]["value"]) in (0.0, 1.0)
+    assert "slurm_triage_hook_duration_seconds" in group
+
+
+def test_a_warn_or_a_triage_job_is_pushed_before_the_prolog_exits(tmp_path, fakenvml_lib, pushgateway):
+    xid = ("[ 1843.305121] NVRM: GPU at PCI:0000:5d:00: GPU-0dbc98d5-f864-2c28-5be9-e56faf4ee96b\n"
+           "[ 1843.305130] NVRM: Xid (PCI:0000:5d:00): 13, pid=4242, name=python, Graphics Exception\n")  # WARN
+    cfg = _config(tmp_path, fakenvml_lib, pushgateway.url, kernel=xid)
+    r = subprocess.run([str(PROLOG)], env=_env(cfg, "503"), capture_output=True, timeout=60)
+    assert r.returncode == 0 and b"WARN" in r.stderr, r.stderr
+    assert _phases(pushgateway, "503") == ["prolog"]  # no waiting: it was there when the hook exited
+    ok = tmp_path / "ok"
+    ok.mkdir()
+    cfg = _config(ok, fakenvml_lib, pushgateway.url)
+    r = subprocess.run([str(PROLOG)], env=_env(cfg, "504", triage="on"), capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert _phases(pushgateway, "504") == ["prolog"]  # the gang gate reads it before the job starts
+
+
+def test_entries_the_lock_holder_spools_come_before_those_queued_behind_it(tmp_path):
+    values = defaults()
+    values["node"].update({"name": "n", "state_dir": str(tmp_path / "state"), "spool_dir": str(tmp_path / "spool")})
+    values["pushgateway"]["url"] = "http://127.0.0.1:9"
+    cfg = Config(values)
+    held = spool.hold(cfg)
+    assert held is not None
+    try:
+        # another hook, lock busy: it queues its DELETE unlocked, after everything present
+        code = ("import sys; from slurm_triage.sinks.spool import Spool; "
+                f"Spool({str(tmp_path / 'spool')!r}, 100).append('DELETE', {{'instance': 'n', 'phase': 'prolog'}}, "
+                "None, locked=False)")
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
+        # the holder's PUT of the same group, spooled later, is still ordered as of its lock
+        sp = spool.Spool(str(tmp_path / "spool"), 100)
+        sp.append("PUT", {"instance": "n", "phase": "prolog"}, b"x 1\n")
+        methods = [sp._load(n)["method"] for n in sp.entries()]
+        assert methods == ["PUT", "DELETE"]
+    finally:
+        fd = spool._HELD.pop(str(tmp_path / "spool"))[0]
+        os.close(fd)
