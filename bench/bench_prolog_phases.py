@@ -31,6 +31,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
+from procs_fixture import publisher_pids  # noqa: E402 (bench/ is the script's own directory)
+
 ROOT = Path(__file__).resolve().parent.parent
 PY = str(ROOT / ".venv" / "bin" / "python")
 LAB = Path(os.environ.get("LAB_DIR") or "/tmp/slurm-lab")
@@ -114,22 +116,12 @@ def _gateway_groups() -> int:
         return -1
 
 
-def _publishers() -> List[int]:
-    out = []
-    for d in os.listdir("/proc"):
-        try:
-            if d.isdigit() and b"slurm_triage.hooks.publish" in Path(f"/proc/{d}/cmdline").read_bytes():
-                out.append(int(d))
-        except OSError:
-            pass
-    return out
-
 
 def _publisher_tail(limit: float = 10.0) -> float:
     """Seconds until the Prolog's background publisher (if any) is done: its push lands
     after the hook exits; waiting keeps its CPU out of the next measurement."""
     t0 = time.monotonic()
-    while _publishers() and time.monotonic() - t0 < limit:
+    while publisher_pids() and time.monotonic() - t0 < limit:
         time.sleep(0.005)
     return time.monotonic() - t0
 

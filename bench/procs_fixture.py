@@ -175,5 +175,18 @@ def _main() -> None:
           f"+{n} processes (job_id={job}) {statistics.median(loaded) * 1e3:.1f} ms, {listed} listed")
 
 
+def publisher_pids() -> List[int]:
+    """PIDs of running Prolog publishers (``python -I -m slurm_triage.hooks.publish``): what a
+    bench waits for and a test inspects after a hook has exited."""
+    out = []
+    for d in os.listdir("/proc"):
+        try:
+            if d.isdigit() and b"slurm_triage.hooks.publish" in open(f"/proc/{d}/cmdline", "rb").read():
+                out.append(int(d))
+        except OSError:
+            pass
+    return out
+
+
 if __name__ == "__main__":
     _main()

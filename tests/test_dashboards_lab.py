@@ -74,6 +74,9 @@ def demo() -> Iterator[Dict[str, Any]]:
         # node2's GPU 3 falls off the bus: the Prolog drains it; the admin confirms with check --push
         lab.set_scenario("node2", "h100x8-xid79.json")
         assert lab.srun("-N4", "true", timeout=60).returncode != 0
+        # after node2's Epilog: its group (kernel events since the Prolog only) must not be fresher
+        # than the admin's check, whose kernel.xid finding the fleet's kernel panel shows
+        lab.wait_node("node2", lambda s: "COMPLETING" not in s, timeout=60)
         lab.run(CLI, "check", "--push", user=None,
                 extra_env={"SLURM_TRIAGE_CONFIG": str(lab.triage_config), "SLURMD_NODENAME": "node2"})
         # a rank of a job on node3 escapes; the next job there finds it

@@ -22,6 +22,9 @@ from conftest import ROOT, SCENARIOS
 from slurm_triage.config import Config, defaults
 from slurm_triage.sinks import spool
 
+sys.path.insert(0, str(ROOT / "bench"))
+from procs_fixture import publisher_pids  # noqa: E402
+
 PROLOG = ROOT / "prolog" / "slurm-triage-prolog"
 EPILOG = ROOT / "epilog" / "slurm-triage-epilog"
 
@@ -49,16 +52,6 @@ def _env(config: Path, job: str, triage: str = "") -> Dict[str, str]:
 def _phases(pg, job: str) -> List[str]:
     return sorted(g["labels"].get("phase", "") for g in pg.groups() if g["labels"].get("slurm_job_id") == job)
 
-
-def _publishers() -> List[int]:
-    out = []
-    for d in os.listdir("/proc"):
-        try:
-            if d.isdigit() and b"slurm_triage.hooks.publish" in Path(f"/proc/{d}/cmdline").read_bytes():
-                out.append(int(d))
-        except OSError:
-            pass
-    return out
 
 
 def _wait(predicate, timeout: float = 10.0) -> bool:
@@ -112,7 +105,7 @@ def test_ok_prolog_exits_before_its_push_and_the_epilogs_delete_still_comes_last
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     finally:
         os.close(fd)
-    running = _publishers()
+    running = publisher_pids()
     # the publisher holds the spool lock it was handed: the Epilog, started at once, waits for
     # it, so its DELETE of the prolog group lands after the Prolog's PUT, never before
     r = subprocess.run([str(EPILOG)], env=_env(cfg, "501"), capture_output=True, timeout=60)
@@ -128,7 +121,7 @@ def test_the_publisher_pushes_the_prolog_group_and_is_not_a_process_of_the_job(t
     cfg = _config(tmp_path, fakenvml_lib, pushgateway.url)
     r = subprocess.run([str(PROLOG)], env=_env(cfg, "502"), capture_output=True, timeout=60)
     assert r.returncode == 0 and r.stderr == b"", r.stderr
-    for pid in _publishers():  # still running: its environment claims no job
+    for pid in publisher_pids():  # still running: its environment claims no job
         try:
             assert b"SLURM_JOB_ID" not in Path(f"/proc/{pid}/environ").read_bytes()
         except FileNotFoundError:
