@@ -35,7 +35,7 @@ def _config(tmp_path: Path, lib: Path, url: str, kernel: str = "") -> Path:
     p.write_text(f'[node]\nstate_dir = "{tmp_path}/state"\nspool_dir = "{tmp_path}/spool"\nsyslog_socket = ""\n'
                  f'[gpu]\nnvml_library = "{lib}"\ndeadline_seconds = 10.0\n'
                  f'[kernel]\nsource = "file"\npath = "{tmp_path}/kernel.log"\n'
-                 f'[hooks]\nscontrol = "/bin/false"\n[drain]\nretry_seconds = 0.0\n'
+                 f'[hooks]\nscontrol = "/bin/false"\nbackground_push = true\n[drain]\nretry_seconds = 0.0\n'
                  f'[pushgateway]\nurl = "{url}"\n'
                  f'[procs]\nenabled = false\n')  # this machine's other processes must not make it WARN
     return p

@@ -51,7 +51,8 @@ def prolog(cfg: Config, env: JobEnv) -> int:
         record["peer"] = peer_figures(snap)
     drained, seconds = publish(cfg, env, "prolog", record, snap, findings, t0,
                                lambda s: _push(cfg, env, snap, findings, record, s),
-                               background=not env.triage and verdict == Verdict.OK)
+                               background=(cfg.get("hooks", "background_push") and not env.triage
+                                           and verdict == Verdict.OK))
     summary = f"job {env.job_id}: {verdict.value} ({len(findings)} findings, {seconds:.2f} s)"
     if verdict != Verdict.OK:
         summary += ": " + "; ".join(f"{f.id} {f.summary}" for f in findings[:3])
