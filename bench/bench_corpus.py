@@ -95,13 +95,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--split", choices=("dev", "validation", "all"), default="all")
     ap.add_argument("--format", choices=("text", "json"), default="text")
     ap.add_argument("--misses", action="store_true", help="list the dev cases answered wrong (dev only)")
+    ap.add_argument("--corpus", type=Path, default=corpus.CORPUS, metavar="DIR",
+                    help="a corpus folder of the same layout (default: tests/corpus), e.g. a batch of new cases")
     a = ap.parse_args(argv)
     if a.misses and a.split != "dev":
         print("bench_corpus: --misses needs --split dev: validation cases are reported in aggregate only",
               file=sys.stderr)
         return 2
     splits = ("dev", "validation") if a.split == "all" else (a.split,)
-    judged = {s: [judge(c) for c in corpus.cases(split=s)] for s in splits}
+    judged = {s: [judge(c) for c in corpus.cases(a.corpus, split=s)] for s in splits}
     doc: Dict[str, Any] = {s: figures(j) for s, j in judged.items()}
     if "validation" in judged:
         # A validation case whose thread the catalog cites was seen when the rules were written:

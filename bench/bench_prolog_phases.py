@@ -52,7 +52,7 @@ WRAP = {
  "slurm_triage.inventory": ["update"],
  "slurm_triage.checks": ["run_checks"],
  "slurm_triage.sinks.state": ["save", "load"],
- "slurm_triage.hooks.common": ["drain_on_hardware", "write_textfile", "log", "deliver_logged", "internal_errors"],
+ "slurm_triage.hooks.common": ["drain_on_hardware", "write_textfile", "log", "deliver_logged", "internal_errors", "in_background"],
  "slurm_triage.hooks.epilog": ["gpu_diff", "clean_up", "job_leftovers"],
  "slurm_triage.sinks.exposition": ["render"],
  "slurm_triage.sinks.spool": ["deliver_all", "stats"],
@@ -209,23 +209,10 @@ def _median_phases(runs: List[Dict[str, float]]) -> Dict[str, float]:
     return {k: round(statistics.median([r.get(k, 0.0) for r in runs]), 4) for k in keys}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--triage", action="store_true", help="as a job with --triage (the Prolog samples 2 s)")
-    ap.add_argument("--format", choices=("text", "json"), default="text")
-    args = ap.parse_args()
-    if not (LAB / "etc" / "slurm-triage.toml").exists():
-        raise SystemExit("the lab is not up: make lab-up")
-    pw = pwd.getpwnam("triage-test")
-    triage = "on" if args.triage else ""
-    floors = {"python -I -c pass": [PY, "-I", "-c", "pass"],
-              "python -I -c 'import psutil'": [PY, "-I", "-c", "import psutil"]}
-    whole: Dict[str, List[float]] = defaultdict(list)
-    traced: Dict[str, List[Dict[str, float]]] = defaultdict(list)
-    errors: List[str] = []
-    base_env = {"PATH": "/usr/bin:/bin"}
-    groups_before = _gateway_groups()
+def _rounds(args: argparse.Namespace, pw: pwd.struct_passwd, triage: str, floors: Dict[str, List[str]],
+            whole: Dict[str, List[float]], traced: Dict[str, List[Dict[str, float]]], errors: List[str],
+            base_env: Dict[str, str]) -> Dict[str, Any]:
+    """The interleaved rounds (fills ``whole``, ``traced``, ``errors``); the imports by module."""
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds + 1):  # round 0 warms the page cache and the .pyc files
             job = JOB_BASE + 3 * r
@@ -261,7 +248,40 @@ def main() -> None:
             print(f"\rround {r}/{args.rounds}", end="", file=sys.stderr, flush=True)
         print(file=sys.stderr)
         env1 = {**base_env, **_hook_env("node1", JOB_BASE - 1, pw.pw_uid, pw.pw_name, triage)}
-        imports = {kind: _importtime(kind, env1, tmp) for kind in ("prolog", "epilog")}
+        return {kind: _importtime(kind, env1, tmp) for kind in ("prolog", "epilog")}
+
+
+def _forget_jobs(jobs: range) -> None:
+    """Remove the state the bench's made-up jobs left on the lab's nodes: what reads the newest
+    records of a node (the MCP's node_history, triage) must not find these instead of real jobs."""
+    import shutil
+
+    for node_dir in glob.glob(str(LAB / "nodes" / "*" / "state" / "jobs")):
+        for j in jobs:
+            shutil.rmtree(os.path.join(node_dir, str(j)), ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--triage", action="store_true", help="as a job with --triage (the Prolog samples 2 s)")
+    ap.add_argument("--format", choices=("text", "json"), default="text")
+    args = ap.parse_args()
+    if not (LAB / "etc" / "slurm-triage.toml").exists():
+        raise SystemExit("the lab is not up: make lab-up")
+    pw = pwd.getpwnam("triage-test")
+    triage = "on" if args.triage else ""
+    floors = {"python -I -c pass": [PY, "-I", "-c", "pass"],
+              "python -I -c 'import psutil'": [PY, "-I", "-c", "import psutil"]}
+    whole: Dict[str, List[float]] = defaultdict(list)
+    traced: Dict[str, List[Dict[str, float]]] = defaultdict(list)
+    errors: List[str] = []
+    base_env = {"PATH": "/usr/bin:/bin"}
+    groups_before = _gateway_groups()
+    try:
+        imports = _rounds(args, pw, triage, floors, whole, traced, errors, base_env)
+    finally:
+        _forget_jobs(range(JOB_BASE - 1, JOB_BASE + 3 * args.rounds + 3))
     errors += [f"{k}: {ph['error']}" for k, v in traced.items() for ph in v if "error" in ph]
     med_whole = {k: round(statistics.median(v), 4) for k, v in whole.items()}
     floor = med_whole["python -I -c 'import psutil'"]

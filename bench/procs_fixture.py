@@ -16,6 +16,9 @@ import subprocess
 import sys
 from typing import List, Optional, Sequence
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lab"))
+from labctl import publisher_pids  # noqa: E402,F401 (what the benches and tests that use this module wait for)
+
 _HELPER = r"""
 import ctypes, os, signal, socket, sys
 n = int(sys.argv[1])
@@ -173,19 +176,6 @@ def _main() -> None:
         print(f"fleet of {len(fleet.pids)} started; timing took {time.perf_counter() - t0:.1f} s")
     print(f"collect() median: baseline {statistics.median(base) * 1e3:.1f} ms, "
           f"+{n} processes (job_id={job}) {statistics.median(loaded) * 1e3:.1f} ms, {listed} listed")
-
-
-def publisher_pids() -> List[int]:
-    """PIDs of running Prolog publishers (``python -I -m slurm_triage.hooks.publish``): what a
-    bench waits for and a test inspects after a hook has exited."""
-    out = []
-    for d in os.listdir("/proc"):
-        try:
-            if d.isdigit() and b"slurm_triage.hooks.publish" in open(f"/proc/{d}/cmdline", "rb").read():
-                out.append(int(d))
-        except OSError:
-            pass
-    return out
 
 
 if __name__ == "__main__":

@@ -115,10 +115,14 @@ class Lab:
         """Poll node_state until predicate(state) holds; the state, or AssertionError."""
         return _wait(lambda: self.node_state(node), predicate, timeout, f"node {node}")
 
-    def wait_idle(self, nodes: Optional[Iterable[str]] = None, timeout: float = 30) -> None:
-        """Wait until the nodes are plain IDLE (no DRAIN, COMPLETING, ...)."""
+    def wait_idle(self, nodes: Optional[Iterable[str]] = None, timeout: float = 30, published: bool = True) -> None:
+        """Wait until the nodes are plain IDLE (no DRAIN, COMPLETING, ...) and, with ``published``,
+        no hook publisher runs: an OK hook's push is made by its detached publisher just after
+        the hook, and what a caller reads of the gateway after a job must find it."""
         for node in nodes or self.nodes:
             self.wait_node(node, lambda s: s == "IDLE", timeout)
+        if published:
+            _wait(publisher_pids, lambda pids: not pids, timeout, "hook publishers")
 
     def resume(self, node: str) -> None:
         """Return a drained/down node to service (no-op error if it already is)."""
@@ -335,7 +339,19 @@ def _parse_oneliner(text: str) -> Dict[str, str]:
     return out
 
 
-def _wait(poll: Callable[[], str], predicate: Callable[[str], bool], timeout: float, what: str) -> str:
+def publisher_pids() -> List[int]:
+    """PIDs of running hook publishers (``python -I -m slurm_triage.hooks.publish``)."""
+    out = []
+    for d in os.listdir("/proc"):
+        try:
+            if d.isdigit() and b"slurm_triage.hooks.publish" in open(f"/proc/{d}/cmdline", "rb").read():
+                out.append(int(d))
+        except OSError:
+            pass
+    return out
+
+
+def _wait(poll: Callable[[], Any], predicate: Callable[[Any], bool], timeout: float, what: str) -> Any:
     deadline = time.monotonic() + timeout
     value = poll()
     while not predicate(value):

@@ -112,7 +112,7 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
         "drain": Key(bool, True, "On a hardware FAIL, drain the node with a reason tagged \"triage:\" and exit non-zero."),
         "scontrol": Key(str, "/usr/bin/scontrol", "Absolute path of scontrol (hooks run without PATH).", _absolute_or_empty),
         "cleanup": Key(bool, False, "Epilog: SIGTERM, then SIGKILL, this job's leftover processes and remove its IPC files."),
-        "background_push": Key(bool, False, "Prolog of an OK job without --triage: a detached publisher pushes, so the job does not wait for the push (~150 ms less per Prolog). Off by default: a short job's Epilog can then find the spool lock still held and queue its result behind it (seen once in CI)."),
+        "background_push": Key(bool, True, "An OK Prolog (without --triage) or Epilog hands its push to a detached publisher, so neither the job nor the node's release waits for requests and prometheus_client (~100 ms per hook); it holds the spool lock, so order holds, and replays what a later hook queued behind it."),
         "cleanup_grace_seconds": Key(float, 3.0, "Epilog: time between SIGTERM and SIGKILL.", _between(0, 60, lo_open=False)),
         "sample_seconds": Key(float, 2.0, "Prolog with --triage: NVML sampling window for stuck clocks, throttling, idle power.", _between(0, 30, lo_open=False)),
     },

@@ -170,7 +170,8 @@ def _gateway_groups(cfg: Config) -> List[Dict[str, Any]]:
     with requests.Session() as session:
         session.trust_env = False
         try:
-            r = session.get(url.rstrip("/") + "/api/v1/metrics", timeout=cfg.get("pushgateway", "timeout_seconds"))
+            # an admin's read of every group, as triage's: not bound by a hook's push timeout
+            r = session.get(url.rstrip("/") + "/api/v1/metrics", timeout=cfg.get("triage", "prometheus_timeout_seconds"))
             r.raise_for_status()
             return r.json().get("data") or []
         except (requests.RequestException, ValueError) as e:

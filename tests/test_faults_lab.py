@@ -122,14 +122,15 @@ def test_gateway_fault_jobs_start_in_time_and_every_result_arrives_once(lab, fau
                     jobs.append(srun_job(lab))
                     walls.append(time.monotonic() - t0)
                     t1 = time.monotonic()
-                    lab.wait_idle(timeout=60)
+                    lab.wait_idle(timeout=60, published=False)  # the nodes' release, not the pushes
                     completing.append(time.monotonic() - t1)
+                lab.wait_idle(timeout=60)  # the publishers spool what the gateway did not take
         held = spooled(lab)
         with lab.config(replace=text.replace(lab.pushgateway_url, proxy.url)):
             while spooled(lab) and len(recovery) < 3:  # the next jobs' hooks replay the spool, then their own
                 recovery.append(srun_job(lab))
                 lab.wait_idle()
-        time.sleep(1.0)
+        time.sleep(1.0)  # the gateway answers a PUT before it has applied it
     finally:
         proxy.close()
     groups = gateway_groups(lab)

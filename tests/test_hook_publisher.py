@@ -19,7 +19,7 @@ import requests
 
 from conftest import ROOT, SCENARIOS
 
-from slurm_triage.config import Config, defaults
+from slurm_triage.config import Config, defaults, load
 from slurm_triage.sinks import spool
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -109,7 +109,8 @@ def test_ok_prolog_exits_before_its_push_and_the_epilogs_delete_still_comes_last
     # the publisher holds the spool lock it was handed: the Epilog, started at once, waits for
     # it, so its DELETE of the prolog group lands after the Prolog's PUT, never before
     r = subprocess.run([str(EPILOG)], env=_env(cfg, "501"), capture_output=True, timeout=60)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 0 and r.stderr == b"", r.stderr  # an OK Epilog hands its push over too
+    running += publisher_pids()
     assert _wait(lambda: not [p for p in running if os.path.exists(f"/proc/{p}")])
     assert _phases(pushgateway, "501") == ["last_job"]
     assert list((tmp_path / "spool").glob("*.json")) == []
@@ -168,3 +169,74 @@ def test_entries_the_lock_holder_spools_come_before_those_queued_behind_it(tmp_p
     finally:
         fd = spool._HELD.pop(str(tmp_path / "spool"))[0]
         os.close(fd)
+
+
+def _epilog_behind_a_held_lock(tmp_path: Path, lib: Path, url: str, job: str, deadline: float,
+                               release_when_queued: bool) -> "tuple[Config, subprocess.CompletedProcess]":
+    """Run the real Epilog, pushing itself (as a publisher without the lock does), while this
+    process holds the spool lock (as a Prolog's publisher does); with ``release_when_queued``
+    the lock is let go once the Epilog has queued."""
+    path = _config(tmp_path, lib, url)
+    path.write_text(path.read_text().replace("background_push = true", "background_push = false")
+                    .replace("[hooks]\n", f"[hooks]\nepilog_deadline_seconds = {deadline}\n"))
+    cfg = load(str(path), node="node1")
+    held = spool.hold(cfg)
+    assert held is not None
+    epi = subprocess.Popen([str(EPILOG)], env=_env(path, job), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if release_when_queued:
+        assert _wait(lambda: list((tmp_path / "spool").glob("*.json")), timeout=30)
+        os.close(spool._HELD.pop(cfg.get("node", "spool_dir"))[0])
+    out, err = epi.communicate(timeout=60)  # without it, the caller replays as the holder, then lets go
+    return cfg, subprocess.CompletedProcess(epi.args, epi.returncode, out, err)
+
+
+def test_what_an_epilog_queued_behind_the_publisher_is_replayed_by_it_before_it_exits(tmp_path, fakenvml_lib,
+                                                                                      pushgateway):
+    # a 3 s Epilog deadline: it waits ~2 s for the lock, queues its ops unlocked, and has no
+    # time left for a second try; the holder's replay (what the publisher does last) sends them
+    cfg, r = _epilog_behind_a_held_lock(tmp_path, fakenvml_lib, pushgateway.url, "505", 3.0, False)
+    try:
+        assert r.returncode == 0, r.stderr
+        assert b"queued behind" in r.stderr, r.stderr
+        assert len(list((tmp_path / "spool").glob("*.json"))) >= 1
+        assert _phases(pushgateway, "505") == []
+        fr = spool.flush_held(cfg, 5.0)
+        assert fr.sent >= 1 and fr.pending == 0 and not fr.error, fr
+    finally:
+        os.close(spool._HELD.pop(cfg.get("node", "spool_dir"))[0])
+    assert _phases(pushgateway, "505") == ["last_job"]
+    assert list((tmp_path / "spool").glob("*.json")) == []
+    assert spool.flush_held(cfg, 5.0).sent == 0  # not the holder any more: nothing replayed
+
+
+def test_an_epilog_that_queued_behind_a_lock_sends_its_ops_once_the_holder_lets_go(tmp_path, fakenvml_lib,
+                                                                                   pushgateway):
+    # a 6 s deadline: after queueing it tries the lock once more, gets it when the holder
+    # exits without replaying (what came after the publisher's last look), and sends itself
+    _, r = _epilog_behind_a_held_lock(tmp_path, fakenvml_lib, pushgateway.url, "506", 6.0, True)
+    assert r.returncode == 0, r.stderr
+    assert _phases(pushgateway, "506") == ["last_job"]
+    assert list((tmp_path / "spool").glob("*.json")) == []
+    assert b"queued behind" not in r.stderr, r.stderr  # delivered: nothing worth a log line
+
+
+def test_an_ok_epilog_exits_at_once_when_the_lock_is_busy_and_its_publisher_pushes_after_the_holder(
+        tmp_path, fakenvml_lib, pushgateway):
+    path = _config(tmp_path, fakenvml_lib, pushgateway.url)
+    cfg = load(str(path), node="node1")
+    assert spool.hold(cfg) is not None  # as the Prolog's publisher holds it
+    try:
+        before = set(publisher_pids())
+        t0 = time.monotonic()
+        r = subprocess.run([str(EPILOG)], env=_env(path, "507"), capture_output=True, timeout=60)
+        assert r.returncode == 0 and r.stderr == b"", r.stderr
+        assert time.monotonic() - t0 < 5  # it did not wait for the lock (8 s) itself
+        mine = [p for p in publisher_pids() if p not in before]
+        assert mine, "no publisher started"
+        time.sleep(0.5)
+        assert _phases(pushgateway, "507") == []  # the publisher waits for the holder
+    finally:
+        os.close(spool._HELD.pop(cfg.get("node", "spool_dir"))[0])
+    assert _wait(lambda: _phases(pushgateway, "507") == ["last_job"])
+    assert _wait(lambda: not [p for p in mine if os.path.exists(f"/proc/{p}")])
+    assert list((tmp_path / "spool").glob("*.json")) == []

@@ -132,3 +132,19 @@ def test_loader_rejects_duplicates_and_bad_toml(tmp_path: Path) -> None:
 def test_render_drops_optional_parts_without_values() -> None:
     assert render("boom[ {n}][ on {nodes}]", {"n": "3", "nodes": ""}) == "boom 3"
     assert render("boom {n}", {}) == "boom ?"
+
+
+def test_a_hint_leads_only_when_no_cause_was_found(tmp_path: Path) -> None:
+    """A symptom-role hint (NCCL on a loopback address) comes first in the log but gives way to a real
+    cause after it; alone it still names the likely misconfiguration instead of a word-count guess."""
+    from slurm_triage.triage import triage_logs
+
+    hint = BY_ID["nccl_unroutable_interface"].examples[2]
+    oom = BY_ID["cuda_error_oom"].examples[0]
+    log = tmp_path / "job.log"
+    log.write_text(f"{hint}\n{oom}\n")
+    assert triage_logs([str(log)]).findings[0].category == "memory"
+    log.write_text(f"{hint}\n")
+    root = triage_logs([str(log)]).findings[0]
+    assert (root.id, root.category) == ("log.nccl_unroutable_interface", "config")
+    assert root.confidence < 0.8

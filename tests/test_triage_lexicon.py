@@ -182,3 +182,35 @@ def test_a_weak_lean_is_still_a_guess_but_less_sure_than_a_strong_one(tmp_path: 
     (s,) = triage_logs([str(strong)]).findings
     assert (w.category, s.category) == ("network", "network")
     assert fallback.CONFIDENCE < w.confidence < s.confidence <= fallback.GUESS_CONFIDENCE
+
+
+IBSTAT = Path(__file__).resolve().parent / "data" / "structured" / "infiniband" / "archwiki-ibstat-port2-polling.txt"
+EXITED = "srun: error: n1: task 0: Exited with exit code 1"
+
+
+def _fallback_of(p: Path) -> List[TriageFinding]:
+    from slurm_triage.triage import first_error_events
+
+    return fallback.first_error(first_error_events([str(p)], {str(p): {"read": True}}))
+
+
+def test_a_generic_error_line_takes_the_whole_log_as_second_opinion(tmp_path: Path) -> None:
+    """The error line names only a layer (srun) and the cause is said far above it (an ibstat paste
+    60 lines up, beyond lexicon.WINDOW): the whole log's words lead, so the guess is theirs, less sure."""
+    p = write(tmp_path, IBSTAT.read_text().splitlines() + ["step"] * 60 + [EXITED])
+    (f,) = _fallback_of(p)
+    assert f.category == "network" and fallback.CONFIDENCE <= f.confidence <= fallback.GUESS_CONFIDENCE - 0.05
+    assert f.evidence["lexicon"]["scope"] == "across the whole log" and "mlx4*" in f.evidence["lexicon"]["words"]
+    assert "words across the whole log" in f.summary and EXITED in f.summary
+    near = write(tmp_path, [EXITED])
+    (u,) = _fallback_of(near)
+    assert u.category == FALLBACK
+
+
+def test_a_split_whole_log_stays_unknown(tmp_path: Path) -> None:
+    """The whole-log opinion needs a clear lead (WHOLE_LEAD): network words far above, thermal words too."""
+    hot = "mce: CPU1: Core temperature above threshold, cpu clock throttled (total events = 2311)"
+    p = write(tmp_path, IBSTAT.read_text().splitlines() + [hot] + ["step"] * 60 + [EXITED])
+    (f,) = _fallback_of(p)
+    assert f.category == FALLBACK and f.confidence == fallback.CONFIDENCE
+    assert f.evidence["lexicon"]["scope"] == "near the first error"

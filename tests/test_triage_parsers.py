@@ -9,7 +9,7 @@ from typing import List
 
 import pytest
 
-from slurm_triage.triage import logs, parsers
+from slurm_triage.triage import logs, parsers, triage_logs
 from slurm_triage.triage.model import CATEGORIES, LogEvent, TriageFinding
 from slurm_triage.triage.parsers import kernel
 from slurm_triage.triage.rules import correlate, run_rules, structured
@@ -435,3 +435,20 @@ def test_drain_reasons_slurm_sets_keep_their_meaning_and_gpu_ids_stay_hardware()
     assert structured._reason_meaning("cyclecloud_node_fail")[:2] == ("scheduler", 0.3)
     [f] = [f for f in judge("slurm/lab-sinfo-R-triage-drain.txt") if f.id.startswith("slurm.reason")]
     assert f.category == "gpu_hardware"
+
+
+def test_sacct_rows_without_their_header_are_read_by_the_catalog_and_give_way_to_the_parser(tmp_path: Path) -> None:
+    """Rows pasted without sacct's header (no parser context) still name the end state; with the header the
+    sacct rule judges them alone (the catalog entries defer to its ``sacct_job`` events, no double finding)."""
+    capture = DATA / "slurm" / "lab-timeout-job.txt"
+    with_header = {f.id for f in triage_logs([str(capture)]).findings}
+    assert "sacct.timeout.58" in with_header
+    assert not {i for i in with_header if i.startswith("log.sacct_row")}, with_header
+    rows = [ln for ln in capture.read_text().splitlines() if ln.startswith("58 ") or ln.startswith("58.batch ")]
+    assert len(rows) == 2
+    bare = tmp_path / "rows.txt"
+    bare.write_text("\n".join(rows) + "\n")
+    found = {f.id: f for f in triage_logs([str(bare)]).findings}
+    assert {"log.sacct_row_timeout", "log.sacct_row_cancelled"} <= set(found), sorted(found)
+    assert all(found[i].category == "scheduler" and found[i].consequence
+               for i in ("log.sacct_row_timeout", "log.sacct_row_cancelled"))

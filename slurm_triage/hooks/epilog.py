@@ -143,7 +143,10 @@ def epilog(cfg: Config, env: JobEnv) -> int:
     t0 = time.monotonic()
     base = state.load(cfg, env.job_id, "prolog") or {}
     base_snap = base.get("snapshot") or {}
-    snap = take(cfg, meanwhile=preload_sinks if cfg.get("pushgateway", "url") else None)
+    # An OK Epilog's results are published in the background (common.in_background), like
+    # the Prolog's; the node is released without waiting for requests and prometheus_client.
+    background = cfg.get("hooks", "background_push")
+    snap = take(cfg, meanwhile=preload_sinks if cfg.get("pushgateway", "url") and not background else None)
     only_new_kernel_events(base_snap.get("kernel"), snap.get("kernel"))
     snap["baseline"] = {"rdma": base_snap.get("rdma"), "time": base_snap.get("time")}
     uuids = base.get("job_gpus") or job_gpu_uuids(snap, env)
@@ -158,7 +161,8 @@ def epilog(cfg: Config, env: JobEnv) -> int:
               "cleanup": cleanup, "findings": [f.to_dict() for f in findings], "snapshot": snap,
               "baseline_verdict": base.get("verdict")}
     drained, seconds = publish(cfg, env, "epilog", record, snap, findings, t0,
-                               lambda s: _push(cfg, env, snap, findings, record, s))
+                               lambda s: _push(cfg, env, snap, findings, record, s),
+                               background=background and verdict == Verdict.OK and not leftovers)
     summary = (f"job {env.job_id}: {verdict.value}, {len(leftovers)} leftover processes, "
                f"{len(cleanup.get('removed', []))} IPC files removed ({seconds:.2f} s)")
     return conclude(cfg, "epilog", summary, drained, verdict != Verdict.OK or bool(leftovers))

@@ -1,7 +1,9 @@
 """`python -I -m slurm_triage.hooks.publish KIND JOB_ID SECONDS DEADLINE LOCK_NS`: the
 detached publisher a hook starts (common.in_background) once its state is saved.
 
-It pushes the saved state of KIND (the Prolog's lean group) and writes the textfile, with
+It pushes the saved state of KIND (the Prolog's lean group, the Epilog's result and the
+DELETE of the live groups), writes the textfile, then
+replays what other hooks queued behind its lock (a short job's Epilog), with
 the same fail-open rules as the hook: its faults are logged and counted, never raised; it
 stops at the hook's deadline (DEADLINE seconds from its start; the spool keeps what was not
 sent); LOCK_NS, unless "-", says it inherited the spool lock on fd 3 and orders its spool
@@ -47,13 +49,23 @@ def main(argv: List[str]) -> int:
         env = JobEnv(job_id=job_id, node=record.get("node") or os.environ.get("SLURMD_NODENAME", ""))
         snap = record.get("snapshot") or {}
         findings = [Finding.from_dict(d) for d in record.get("findings") or []]
-        if kind != "prolog":
+        if kind == "prolog":
+            from .prolog import _push
+        elif kind == "epilog":
+            from .epilog import _push
+        else:
             raise ValueError(f"no background publisher for {kind!r}")
-        from .prolog import _push
 
         if cfg.get("pushgateway", "url"):
             _push(cfg, env, snap, findings, record, float(seconds))
         common.write_textfile(cfg, snap, findings)
+        if lock_ns != "-":
+            from ..sinks.spool import flush_held
+
+            fr = flush_held(cfg, max(0.0, common.time_left() - common.PUSH_MARGIN_SECONDS))
+            if fr.error or fr.pending:
+                common.log(cfg, kind, f"job {job_id}: publisher replay of what queued behind it: "
+                                      f"{fr.error or 'budget spent'} ({fr.pending} pending)")
     except Exception as e:  # noqa: BLE001 - fail open, as the hook does
         common.log(cfg, kind, f"job {job_id}: publisher internal error {type(e).__name__}: {e}")
         common.count_internal_error(cfg)

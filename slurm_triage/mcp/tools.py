@@ -379,12 +379,20 @@ def _state_records(cfg: Config, node: str, start: float, end: float) -> List[Dic
     from ..triage.sources.pushgateway import node_config
 
     node_cfg = node_config(cfg, state_dir_template(cfg), node)
+    jobs = os.path.join(node_cfg.get("node", "state_dir"), "jobs")
     try:
-        names = [n for n in os.listdir(os.path.join(node_cfg.get("node", "state_dir"), "jobs")) if n.isdigit()]
+        names = [n for n in os.listdir(jobs) if n.isdigit()]
     except OSError:
         return []
+
+    def changed(name: str) -> float:  # job ids are not an order (restarts, federation, SLUIDs)
+        try:
+            return os.stat(os.path.join(jobs, name)).st_mtime
+        except OSError:
+            return 0.0
+
     out = []
-    for name in sorted(names, key=int, reverse=True)[:200]:
+    for name in sorted(names, key=lambda n: (changed(n), int(n)), reverse=True)[:200]:
         for kind in ("prolog", "epilog"):
             try:
                 rec = state.load(node_cfg, name, kind)

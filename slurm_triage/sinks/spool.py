@@ -50,6 +50,8 @@ PROBE_SECONDS = 1.0  # /-/ready of a gateway that answers comes back in millisec
 LOCK_WAIT_SECONDS = 8.0
 """The longest a hook waits for another's flush: the holder sends for at most its push budget
 (3 s), and what comes after it must not overtake it by queueing unlocked."""
+LATE_WAIT_SECONDS = 2.0
+"""How long a hook that queued behind another's lock tries it once more (_after_holder)."""
 MIN_ATTEMPT_SECONDS = 1.0
 """No request starts with less budget left: cut short, a slow gateway's answer would come too
 late for a PUT it applies anyway, and the replay would send it a second time."""
@@ -394,6 +396,23 @@ def adopt(cfg: Config, fd: int, ns: int) -> None:
         _HELD[sp.directory] = (fd, [ns])
 
 
+def flush_held(cfg: Config, budget: float) -> FlushResult:
+    """Replay, within ``budget`` seconds, what other hooks queued behind the lock this
+    process holds (a publisher, before it exits): a short job's Epilog that gave up waiting
+    for the lock must not leave its result spooled until the node's next hook."""
+    sp = _spool_of(cfg)
+    url = cfg.get("pushgateway", "url")
+    if sp is None or sp.directory not in _HELD or not url or not sp.entries():
+        return FlushResult()
+    timeout, retries = cfg.get("pushgateway", "timeout_seconds"), cfg.get("pushgateway", "retries")
+    try:
+        if not sp.gateway_answers(url, budget):
+            return FlushResult()
+        return sp.flush(url, timeout, retries, budget=budget)
+    except OSError as e:
+        return FlushResult(error=f"spool {sp.directory}: {e}")
+
+
 def stats(cfg: Config) -> Dict[str, int]:
     """Spool gauges for exposition.render(extra=...): pending entries and drops so far."""
     sp = _spool_of(cfg)
@@ -452,7 +471,10 @@ def deliver_all(cfg: Config, ops: List[Op], budget: Optional[float] = None,
                     # the wait for another hook's flush (the Prolog's publisher) is not gateway
                     # time: the budget starts once the lock is ours, within ``limit``
                     deadline = min(deadline + time.monotonic() - waiting, waiting + limit)
-                return _finish(_through_spool(sp, url, timeout, retries, deadline, ops, got, res, errors), errors, own)
+                _through_spool(sp, url, timeout, retries, deadline, ops, got, res, errors)
+            if not got and limit is not None:
+                _after_holder(sp, url, timeout, retries, waiting + limit, res, errors)
+            return _finish(res, errors, own)
         except OSError as e:
             if res.sent or res.spooled:  # the spool broke midway; the rest goes out directly
                 errors.append(f"spool {sp.directory}: {e}")
@@ -483,6 +505,29 @@ def _through_spool(sp: Spool, url: str, timeout: float, retries: int, deadline: 
         return res
     _send_direct(url, timeout, retries, deadline, ops, res, errors, sp)
     return res
+
+
+def _after_holder(sp: Spool, url: str, timeout: float, retries: int, until: float,
+                  res: DeliveryResult, errors: List[str]) -> None:
+    """A hook that queued behind another's lock tries it once more, for at most
+    LATE_WAIT_SECONDS before ``until``, and replays the spool itself: the holder (a
+    publisher) replays what queued behind it before it exits, but not what came after its
+    last look."""
+    wait = min(LATE_WAIT_SECONDS, until - time.monotonic() - MIN_ATTEMPT_SECONDS)
+    if wait <= 0:
+        return
+    with sp.locked(wait=wait) as got:
+        if not got or not sp.entries() or not sp.gateway_answers(url, until - time.monotonic()):
+            return
+        fr = sp.flush(url, timeout, retries, budget=max(0.0, until - time.monotonic()))
+    res.sent += fr.sent
+    res.dropped += fr.dropped
+    res.pending = fr.pending
+    if fr.pending == 0 and not fr.dropped and not fr.error:
+        res.own_sent = res.spooled  # this call's operations were the newest entries: all sent
+        errors[:] = [e for e in errors if "queued behind" not in e]
+    else:
+        errors.append(fr.error)
 
 
 def _send_direct(url: str, timeout: float, retries: int, deadline: float, ops: List[Op],

@@ -37,14 +37,16 @@ class TriageResult:
 
 
 def first_error_events(paths: Sequence[str], logs: Dict[str, Dict[str, Any]]) -> List[LogEvent]:
-    """The first traceback exception / error line of every readable log, and the lexicon's words near
-    them (second pass, bounded)."""
+    """The first traceback exception / error line of every readable log, the lexicon's words near
+    them, and (for a log with such lines) the lexicon's words over its head too (second pass, bounded)."""
     out: List[LogEvent] = []
     for i, p in enumerate(paths):
         if (logs.get(p) or {}).get("read"):
             try:
                 first = error_lines(p, i)
                 out += first + lexicon.hits(p, i, near=[e.line for e in first])
+                if first:
+                    out += lexicon.hits(p, i, kind=lexicon.WHOLE_KIND)
             except (OSError, EOFError, zlib.error, subprocess.SubprocessError):
                 continue  # the scan already read it; a second-pass failure only loses the hint
     return out

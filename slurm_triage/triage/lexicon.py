@@ -25,6 +25,9 @@ from .model import CATEGORIES, LogEvent
 
 PATH = Path(__file__).resolve().parent / "lexicon.toml"
 KIND = "lexicon_hit"
+WHOLE_KIND = "lexicon_text_hit"
+"""The same hits over the head of a log that has error lines: the fallback's second opinion when
+the words near those lines do not lead (the error line is generic, the cause is said elsewhere)."""
 MAX_HITS = 2000           # hit lines kept per file (bounded memory on pathological logs)
 HEAD_BYTES = 4 << 20      # what is read of a log without any error line (the parsers read as much)
 WINDOW = 40               # lines read on either side of a first error line
@@ -255,11 +258,12 @@ def _range_lines(path: str, ranges: List[Tuple[int, int]]) -> Iterator[Tuple[int
 
 
 def hits(path: str, file_index: int = 0, near: Sequence[int] = (), window: int = WINDOW,
-         source: Optional[str] = None) -> List[LogEvent]:
-    """``lexicon_hit`` events (fields: ``words``) for the lines of one log holding lexicon terms:
+         source: Optional[str] = None, kind: str = KIND) -> List[LogEvent]:
+    """``kind`` events (fields: ``words``) for the lines of one log holding lexicon terms:
     those within ``window`` lines of a line in ``near`` (the first error lines), or, when ``near``
-    is empty (no error-looking line at all: a pasted table or status output), the first MAX_HITS of
-    them in the first HEAD_BYTES (a long log without a single error line is a healthy run)."""
+    is empty (no error-looking line at all: a pasted table or status output; or the whole-log
+    second opinion, WHOLE_KIND), the first MAX_HITS of them in the first HEAD_BYTES (a long log
+    without a single error line is a healthy run)."""
     lex = lexicon()
     source = source or path
     path = os.path.abspath(path)
@@ -270,7 +274,7 @@ def hits(path: str, file_index: int = 0, near: Sequence[int] = (), window: int =
         words = words_in(text, lex)
         if not words:
             continue
-        out.append(LogEvent(KIND, source, n, text[:400], None, None, None, None, {"words": words}, file_index))
+        out.append(LogEvent(kind, source, n, text[:400], None, None, None, None, {"words": words}, file_index))
         if len(out) >= MAX_HITS:
             break
     return out

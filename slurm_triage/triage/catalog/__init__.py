@@ -33,7 +33,7 @@ BUILTIN_FIELDS = ("count", "nodes", "ranks", "gpus")
 _REQUIRED = {"id": str, "category": str, "role": str, "confidence": float, "needles": list, "regex": str,
              "summary": str, "action": str, "sources": list, "examples": list}
 _OPTIONAL = {"nocase": bool, "finding": str, "handled_by": str, "verdict": str, "tier": int, "shares": list,
-             "note": str}
+             "note": str, "defers_to": list}
 _ID = re.compile(r"^[a-z][a-z0-9_]*$")
 _FINDING = re.compile(r"^[a-z][a-z0-9_.]*$")
 _OPTIONAL_PART = re.compile(r"\[([^\[\]]*)\]")
@@ -65,6 +65,9 @@ class Entry:
     tier: int = 1
     shares: Tuple[str, ...] = ()
     note: str = ""
+    defers_to: Tuple[str, ...] = ()
+    """Parser event kinds that judge this entry's line better when they decoded it (an ibstat port's
+    state in its CA/port context): then the line-level match gives way to the structured rule."""
 
     @property
     def finding_id(self) -> str:
@@ -135,7 +138,8 @@ def _entry(raw: Dict[str, Any], file: str, index: int) -> Entry:
                  sources=tuple(raw["sources"]), examples=tuple(raw["examples"]), file=file, nocase=nocase,
                  finding=raw.get("finding", ""), handled_by=raw.get("handled_by", ""),
                  verdict=raw.get("verdict", "FAIL" if raw["role"] == "cause" else "WARN"),
-                 tier=int(raw.get("tier", 1)), shares=tuple(raw.get("shares", ())), note=raw.get("note", ""))
+                 tier=int(raw.get("tier", 1)), shares=tuple(raw.get("shares", ())), note=raw.get("note", ""),
+                 defers_to=tuple(raw.get("defers_to", ())))
 
 
 def load(directory: Path = DIR) -> Tuple[Entry, ...]:

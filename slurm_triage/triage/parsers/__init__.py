@@ -5,7 +5,7 @@
 UTF-8 replaced, lines cut at ``MAX_LINE_CHARS``) and hands the lines to every format module; a
 file may hold several outputs one after another, or mixed with job output. Each module returns
 facts as :class:`LogEvent` (kinds ``smi_q_*``, ``smi_*``, ``rocm_row``, ``dcgm_*``, ``slurm_*``,
-``sacct_*``, ``kmsg_*``, ``ib_port``, ``pyspy_*``, ``fr_*``); :mod:`slurm_triage.triage.rules.structured` judges them.
+``sacct_*``, ``kmsg_*``, ``ib_port``, ``gpustat_row``, ``pyspy_*``, ``fr_*``); :mod:`slurm_triage.triage.rules.structured` judges them.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Callable, List, Tuple
 
 from ..logs import open_log
 from ..model import LogEvent
-from . import dcgmi, flight_recorder, infiniband, kernel, nvidia_smi, nvidia_smi_q, pyspy, rocm_smi, slurm
+from . import dcgmi, flight_recorder, gpustat, infiniband, kernel, nvidia_smi, nvidia_smi_q, pyspy, rocm_smi, slurm
 from .base import Doc
 
 MAX_BYTES = 4 << 20
@@ -25,6 +25,7 @@ READ_BYTES = 64 << 10  # small reads keep most of a truncated gzip (a failing re
 FORMATS: Tuple[Tuple[str, Callable[[Doc], List[LogEvent]]], ...] = (
     ("nvidia_smi_q", nvidia_smi_q.parse),
     ("nvidia_smi", nvidia_smi.parse),
+    ("gpustat", gpustat.parse),
     ("rocm_smi", rocm_smi.parse),
     ("dcgmi", dcgmi.parse),
     ("slurm", slurm.parse),

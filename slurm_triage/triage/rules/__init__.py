@@ -70,8 +70,36 @@ def _after(f: TriageFinding, root: TriageFinding) -> bool:
     return f.first_time >= root.first_time - 1.0
 
 
+CONFIDENT = 0.8
+"""From here a root cause reads as established; a wrong one at this level misleads an SRE most."""
+CONTESTED = 0.75
+"""What a root cause may claim when it is only a symptom, or another cause contests it."""
+SIMILAR = 0.15
+"""A cause of another category within this much of the root's confidence contests it."""
+
+
+def calibrate(root: TriageFinding, others: List[TriageFinding]) -> None:
+    """Cap ``root`` below CONFIDENT when it is a symptom (no cause was found, it usually follows one
+    that the logs do not show) or when a cause of another category, not explained by the root
+    (``others``: neither its consequence nor later on its node), is of similar strength."""
+    if root.confidence < CONFIDENT:
+        return
+    why = ""
+    if root.consequence:
+        why = "a symptom or an exposure (ranked after any cause), and no cause was found"
+    else:
+        rival = next((f for f in others if not f.consequence and not fallback.is_fallback(f)
+                      and f.category != root.category and f.confidence >= root.confidence - SIMILAR), None)
+        if rival is not None:
+            why = f"{rival.id} ({rival.category}, {rival.confidence:g}) points elsewhere"
+    if why:
+        root.evidence["confidence_note"] = f"lowered from {root.confidence:g}: {why}"
+        root.confidence = CONTESTED
+
+
 def correlate(findings: List[TriageFinding]) -> List[TriageFinding]:
-    """Rank findings root cause first, its consequences next, then the rest; set ``caused_by``."""
+    """Rank findings root cause first, its consequences next, then the rest; set ``caused_by``; a
+    contested root cause is not left confident (:func:`calibrate`)."""
     if not findings:
         return []
     known = [f for f in findings if not fallback.is_fallback(f)] or findings
@@ -90,6 +118,7 @@ def correlate(findings: List[TriageFinding]) -> List[TriageFinding]:
             others.append(f)
     children.sort(key=_when)
     others.sort(key=lambda f: (-f.verdict.severity, -f.confidence, _when(f)))
+    calibrate(root, others)
     return [root] + children + others
 
 

@@ -7,7 +7,7 @@ Python rules that the other entries name.
 """
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, FrozenSet, List
 
 from ...model import Verdict
 from ..catalog import Entry, entries, render
@@ -57,13 +57,22 @@ def _finding(fid: str, lead: Entry, evs: List[LogEvent], cause: bool) -> TriageF
         evidence=evidence, consequence=role == "symptom", tier=lead.tier)
 
 
+def deferring_kinds() -> FrozenSet[str]:
+    """Ids of the entries that give way to a parser's event on the same line (``defers_to``)."""
+    return frozenset(e.id for e in entries() if e.defers_to)
+
+
 def catalog_findings(events: List[LogEvent]) -> List[TriageFinding]:
-    """Catalog entries judged by their data alone: one finding per finding id, worded by its surest entry."""
+    """Catalog entries judged by their data alone: one finding per finding id, worded by its surest entry;
+    a line that a parser decoded in context (``defers_to``) is left to the structured rule."""
     by_id = {e.id: e for e in entries()}
+    parsed = {(ev.source, ev.line, ev.kind) for ev in events}
     groups: Dict[str, List[LogEvent]] = {}
     for ev in events:
         entry = by_id.get(ev.kind)
         if entry is None or entry.handled_by or entry.role == "context":
+            continue
+        if any((ev.source, ev.line, k) in parsed for k in entry.defers_to):
             continue
         groups.setdefault(entry.finding_id, []).append(ev)
     out: List[TriageFinding] = []

@@ -5,7 +5,9 @@ error/fatal line) are what an SRE reads first. The lexicon's words on the lines 
 (:mod:`..lexicon`: "throttled", "Permission denied", "ibv_*", ...) are weighed, the anchor line
 most, farther lines less; when one category clearly leads, the finding carries it as a best guess
 with a low confidence (at most GUESS_CONFIDENCE, far below what a catalog entry says) and names
-the words that led to it; when none leads, the category stays ``unknown``. A log without any
+the words that led to it; when none leads there, the distinct words of the whole log are a second
+opinion (the error line is generic, the cause is said elsewhere: a stricter lead, a lower
+confidence); when none leads either, the category stays ``unknown``. A log without any
 error-looking line is weighed by its distinct words alone (a pasted table or status output).
 Either way the finding never outranks a real one (:func:`..rules.correlate` skips it).
 """
@@ -27,6 +29,7 @@ SURE_SCORE = 3.0  # one strong word on the anchor line, or several weaker ones: 
 UNANCHORED = 0.5  # weight of a word in a file without any error-looking line
 REPEATS = 3       # a word near the first error counts on at most this many lines
 PLACE = 0.5       # weight of words that only name a layer (nccl, srun, gpu): they tip, never decide
+WHOLE_LEAD = 2.0  # the whole-log second opinion must lead twice (its guess on dev logs with error lines: 93 of 99 right)
 
 
 def is_fallback(f: TriageFinding) -> bool:
@@ -69,16 +72,17 @@ def weigh(hits: List[LogEvent], anchors: Dict[Tuple[int, str], List[int]]
     return total, by_word, strongest
 
 
-def guess(hits: List[LogEvent], anchors: Dict[Tuple[int, str], List[int]]
+def guess(hits: List[LogEvent], anchors: Dict[Tuple[int, str], List[int]], lead: float = LEAD
           ) -> Tuple[Optional[str], float, List[str], Dict[str, float]]:
-    """(category or None, confidence, the words that led to it, every category's score)."""
+    """(category or None, confidence, the words that led to it, every category's score); the top
+    category must outweigh the next one ``lead`` times."""
     total, by_word, strongest = weigh(hits, anchors)
     ranked = sorted(total.items(), key=lambda kv: (-kv[1], kv[0]))
     if not ranked or ranked[0][1] < MIN_SCORE or strongest[ranked[0][0]] <= PLACE:
         return None, CONFIDENCE, [], total
     top, score = ranked[0]
     runner = ranked[1][1] if len(ranked) > 1 else 0.0
-    if score < LEAD * runner:
+    if score < lead * runner:
         return None, CONFIDENCE, [], total
     clarity = min(1.0, (score - runner) / score) * min(1.0, score / SURE_SCORE)
     conf = CONFIDENCE + (GUESS_CONFIDENCE - CONFIDENCE) * clarity - (0.0 if anchors else 0.05)
@@ -106,22 +110,27 @@ def first_error(events: List[LogEvent]) -> List[TriageFinding]:
         shown = [e for e in hits if set(e.fields["words"]) & set(words)][:5]
         return [_finding(shown, shown[0], category, conf, words, total,
                          f"no error line and no known failure shape; the words {', '.join(words)} point to "
-                         f"{category}: {_short(shown[0].text, 160)}")]
+                         f"{category}: {_short(shown[0].text, 160)}", "across the whole log")]
     # Per file, the exception of the first traceback says more than a generic error line; the
     # earliest file (in the order given) wins.
+    scope = "near the first error"
+    whole = of_kind(events, lexicon.WHOLE_KIND)
+    second = guess(whole, {}, lead=WHOLE_LEAD) if category is None and whole else None
+    if second is not None and second[0] is not None:
+        (category, conf, words, total), scope = second, "across the whole log"
     lead = min(exc or err, key=lambda e: e.order)
     shown = sorted(exc + err, key=lambda e: e.order)
     text = _short(lead.text)
     if category is not None:
-        text = f"{text} — best guess {category} (words: {', '.join(words)})"
-    return [_finding(shown, lead, category or FALLBACK, conf, words, total, text)]
+        text = f"{text} — best guess {category} (words {scope}: {', '.join(words)})"
+    return [_finding(shown, lead, category or FALLBACK, conf, words, total, text, scope)]
 
 
 def _finding(shown: List[LogEvent], lead: LogEvent, category: str, conf: float, words: List[str],
-             total: Dict[str, float], summary: str) -> TriageFinding:
+             total: Dict[str, float], summary: str, scope: str) -> TriageFinding:
     evidence: Dict[str, object] = {"exception": lead.fields.get("exception"), "first_line": lead.where}
     if total:
-        evidence["lexicon"] = {"guess": None if category == FALLBACK else category, "words": words,
+        evidence["lexicon"] = {"guess": None if category == FALLBACK else category, "words": words, "scope": scope,
                                "scores": {k: round(v, 1) for k, v in sorted(total.items(), key=lambda kv: -kv[1])}}
     action = "if it is a real failure shape, add it to the catalog (slurm_triage/triage/catalog) with its case"
     action = ("read the log around this line; " if category == FALLBACK else

@@ -94,8 +94,10 @@ IB_STATUS = {
 
 
 # Status 5 is a consequence; 12 (retry exceeded) is as often a RoCE/GID/MTU misconfiguration as a
-# fabric fault, so it is named with less certainty than the unambiguous codes.
-IB_CONFIDENCE = {5: 0.5, 12: 0.7}
+# fabric fault, and 4 (local protection error: a memory registration the HCA refuses) as often a
+# GPUDirect RDMA setup (peer memory module, IOMMU/ACS) as a fault, so both are named with less
+# certainty than the unambiguous codes.
+IB_CONFIDENCE = {4: 0.65, 5: 0.5, 12: 0.7}
 
 
 def ib_completion_errors(events: List[LogEvent]) -> List[TriageFinding]:

@@ -19,6 +19,7 @@ from ...model import Verdict
 from .. import lexicon
 from ..model import LogEvent, TriageFinding, from_events
 from . import Rule
+from .catalog import deferring_kinds
 from .common import of_kind, only, ranks_text
 from .slurm import _STATES as SACCT_STATES
 
@@ -126,7 +127,8 @@ UNKNOWN_ERROR_FIELDS = ("gpu uuid", "serial number", "product name", "temperatur
 _OURS = {"smi_q_gpu", "smi_row", "smi_handle_error", "smi_no_devices", "smi_no_driver", "dcgm_diag_result",
          "dcgm_diag_message", "dcgm_health", "dcgm_health_incident", "slurm_node_reason", "sacct_job",
          "kmsg_gpu_lost", "kmsg_aer", "kmsg_gpu_dev", "kmsg_oom_kill", "kmsg_hung_task", "kmsg_sxid", "kmsg_mlx5",
-         "pyspy_thread", "pyspy_error", "fr_missing_ranks", "fr_last_collective", "rocm_row", "ib_port"}
+         "pyspy_thread", "pyspy_error", "fr_missing_ranks", "fr_last_collective", "rocm_row", "ib_port",
+         "gpustat_row"}
 """The parsers' event kinds (a catalog entry may share a prefix, e.g. ``dcgm_thermal_violation``)."""
 _FALLBACK_KINDS = ("first_error", "first_exception")  # what the fallback pass reads: no judgement of its own
 _COLLECTIVES = {"all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base", "reduce_scatter",
@@ -137,8 +139,11 @@ _COLLECTIVES = {"all_reduce", "all_gather", "all_gather_into_tensor", "_all_gath
 
 
 def _covered(events: Iterable[LogEvent]) -> Set[Tuple[str, int]]:
-    """(source, line) of lines the line scanner (catalog signatures) already turned into events."""
-    return {(e.source, e.line) for e in events if e.kind not in _OURS and e.kind not in _FALLBACK_KINDS}
+    """(source, line) of lines the line scanner (catalog signatures) already turned into events; an
+    entry that defers to a parser (``defers_to``) covers nothing: the parser's reading of it wins."""
+    deferring = deferring_kinds()
+    return {(e.source, e.line) for e in events
+            if e.kind not in _OURS and e.kind not in _FALLBACK_KINDS and e.kind not in deferring}
 
 
 def _fresh(events: List[LogEvent], kind: str, window: int = 0) -> List[LogEvent]:
@@ -378,6 +383,35 @@ def table_heat(events: List[LogEvent]) -> List[TriageFinding]:
             action="normal under full load; a problem when the cap is below the GPU's default or its peers'",
             evidence={"power_w": {_row_name(e): [e.fields["power_w"], e.fields["power_cap_w"]] for e in capped}}))
     return out
+
+
+ORPHAN_MIB = 1024.0
+"""GPU memory in use that no listed process owns, from which a gpustat row says "held by someone unseen"
+(a CUDA context alone takes a few hundred MiB)."""
+
+
+def gpustat_orphans(events: List[LogEvent]) -> List[TriageFinding]:
+    """gpustat rows whose GPU memory is in use while no process that holds it is named (``(null)`` or
+    none): a process outside this view (an ended job's leftover or zombie, another container) holds it.
+    Ranked after any cause (a paste from inside the job's own container names no process either)."""
+    rows = [e for e in of_kind(events, "gpustat_row")
+            if e.fields["mem_used_mib"] >= ORPHAN_MIB and not e.fields["owners"]]
+    if not rows:
+        return []
+    busy = [e for e in rows if e.fields["util_pct"] >= 50]
+    return [from_events(
+        rows, id="gpustat.unowned", category="host_resources", verdict=Verdict.WARN,
+        confidence=0.45 if busy else 0.35, consequence=True, gpu=only(e.gpu for e in rows),
+        node=only(e.node for e in rows),
+        summary=f"{', '.join('GPU ' + str(e.fields['index']) for e in rows[:4])}: "
+                + "; ".join(f"{e.fields['mem_used_mib']:g} / {e.fields['mem_total_mib']:g} MB used, "
+                            f"{e.fields['util_pct']:g} % busy" for e in rows[:2])
+                + f", but gpustat names no process that holds it ({rows[0].fields['procs'] or 'none listed'}): a "
+                  "process outside this view (a leftover or zombie of an ended job, another container) holds the GPU",
+        action="find the owner (nvidia-smi --query-compute-apps=pid,used_memory --format=csv; fuser -v /dev/nvidia*) "
+               "and end it; when nothing owns it, reset the GPU (nvidia-smi -r) or drain the node",
+        evidence={"gpus": {str(e.fields["index"]): {"mem_used_mib": e.fields["mem_used_mib"],
+                                                     "util_pct": e.fields["util_pct"]} for e in rows}})]
 
 
 def ib_ports(events: List[LogEvent]) -> List[TriageFinding]:
@@ -773,6 +807,7 @@ RULES: Tuple[Rule, ...] = (
     Rule("smi.unreachable", ("gpu_hardware", "config"), smi_unreachable),
     Rule("table.heat", ("thermal_power",), table_heat),
     Rule("ib.ports", ("network",), ib_ports),
+    Rule("gpustat.unowned", ("host_resources",), gpustat_orphans),
     Rule("dcgm.diag", ("gpu_hardware", "thermal_power", "config", "network"), dcgm_results),
     Rule("slurm.reason", ("scheduler", "config", "gpu_hardware"), node_reasons),
     Rule("sacct.state", ("scheduler", "memory"), sacct_states),
