@@ -224,8 +224,12 @@ class Demo:
         g = self.wait(hang, 25)
         self.expect(g is not None, "the watcher on node4 pushed slurm_triage_hang_suspected 1")
         if g:  # the job ends once Prometheus holds the flag: triage reads the job's time window there
-            sel = f'instance="node4",slurm_job_id="{g["labels"].get("slurm_job_id")}"'
+            jid = str(g["labels"].get("slurm_job_id"))
+            sel = f'instance="node4",slurm_job_id="{jid}"'
             self.wait(lambda: self.lab.prom(f"max_over_time(slurm_triage_hang_suspected{{{sel}}}[5m]) == 1"), 20)
+            # and two samples of every node's GPU series, for each node's timeline in the report
+            self.wait(lambda: self.lab.scraped("slurm_triage_watch_gpu_power_watts", jid,
+                                               ["node1", "node3", "node4"], 2), 20)
         release.touch()
         out, _ = proc.communicate(timeout=60)
         job = int(out.split()[0]) if out.split() else 0

@@ -88,6 +88,17 @@ def test_thermal_straggler_first_and_hang_window(prom) -> None:
     assert not any(i.startswith("metric.thermal.") and i != root.id for i in ids)
 
 
+def test_a_sample_in_the_second_after_slurms_end_is_the_jobs_own(prom) -> None:
+    # Slurm's End is whole seconds: a job that ended at E+0.95 says E, and its last scrape at E+0.9
+    # (what a short job's watcher pushed last) must still count; gpu0002's thread count grows by
+    # one a sample, so missing the last sample shows
+    server, s = prom
+    nodes = [s.node(i) for i in range(s.nodes)]
+    facts, rec = prometheus.gather(_settings(server.url), JOB, nodes, s.start, s.end - 0.9)
+    assert rec["read"], rec
+    assert facts["threads"][s.node(2)]["max"] == 200 + (s.end - s.start) // s.step
+
+
 def test_cli_names_straggler_and_reports_query_times(prom, tmp_path: Path) -> None:
     server, s = prom
     conf = _bench().dead_slurm_conf(tmp_path)

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import time
+from statistics import median
 from pathlib import Path
 from typing import Dict, List
 
@@ -56,9 +57,11 @@ def test_restored_ranks_leak_spinning_watchdog_threads_and_slow_down() -> None:
         p.kill()
         p.communicate()
     assert names.count("pt_nccl_watchdg") == 6, names
-    fresh = ranks(1, "--steps", "20", "--log-every", "20")[0]
-    slow = ranks(1, "--mode", "restored", "--restore-threads", "6", "--steps", "20", "--log-every", "20")[0]
-    assert step_times(slow.stdout)[0] > 1.5 * step_times(fresh.stdout)[0], (slow.stdout, fresh.stdout)
+    # medians of six windows each (one window on a shared 2-core machine can be off either way):
+    fresh = ranks(1, "--steps", "60", "--log-every", "10")[0]
+    slow = ranks(1, "--mode", "restored", "--restore-threads", "6", "--steps", "60", "--log-every", "10")[0]
+    # ~1.5-2x here; without leaked threads the two are alike (1.0x)
+    assert median(step_times(slow.stdout)) > 1.3 * median(step_times(fresh.stdout)), (slow.stdout, fresh.stdout)
 
 
 def test_stuck_rank_leaves_the_others_spinning_until_the_timeout() -> None:

@@ -289,6 +289,9 @@ def _thread_names(raw: Dict[str, List[Dict[str, Any]]]) -> Dict[str, List[Dict[s
     return out
 
 
+END_SLACK_SECONDS = 1.0
+
+
 def gather(s: Dict[str, Any], job_id: str, nodes: Sequence[str], start: float, end: float,
            progress: Optional[Callable[[str], None]] = None) -> Tuple[Optional[Dict[str, Any]], Dict[str, Any]]:
     """The job's metric facts and the source record; (None, record with the error) when unreachable."""
@@ -297,6 +300,9 @@ def gather(s: Dict[str, Any], job_id: str, nodes: Sequence[str], start: float, e
         return None, {"read": False, "error": "triage.prometheus_url is not set"}
     if not nodes or end <= start:
         return None, {"read": False, "error": "no node list or time window for the job (use --nodes/--since/--until)"}
+    # Slurm gives a job's End in whole seconds: it ended within the second after. A short job's
+    # last scrape (what its ranks and watcher pushed last) often falls in that second.
+    end += END_SLACK_SECONDS
     prom = Prometheus(url, float(s["prometheus_timeout_seconds"]))
     t0 = time.monotonic()
     try:
