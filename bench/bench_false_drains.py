@@ -157,9 +157,7 @@ def settle(lab: labctl.Lab, timeout: float = 90) -> None:
     publisher still pushes (an OK hook's results leave after the hook, through the proxy)."""
     for n in lab.nodes:
         lab.wait_node(n, lambda s: not any(w in s for w in ("ALLOC", "MIX", "COMPLETING")), timeout)
-    deadline = time.monotonic() + timeout
-    while labctl.publisher_pids() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    lab.wait_published(timeout)
 
 
 def drained(lab: labctl.Lab) -> Dict[str, str]:

@@ -122,7 +122,11 @@ class Lab:
         for node in nodes or self.nodes:
             self.wait_node(node, lambda s: s == "IDLE", timeout)
         if published:
-            _wait(publisher_pids, lambda pids: not pids, timeout, "hook publishers")
+            self.wait_published(timeout)
+
+    def wait_published(self, timeout: float = 30) -> None:
+        """Wait until no hook publisher runs (what an OK hook pushes leaves after the hook)."""
+        _wait(publisher_pids, lambda pids: not pids, timeout, "hook publishers")
 
     def resume(self, node: str) -> None:
         """Return a drained/down node to service (no-op error if it already is)."""

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import dataclasses
+import http.server
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional
 
@@ -174,3 +177,15 @@ def lab():
     the_lab.reset()
     yield the_lab
     the_lab.reset()
+
+
+@contextmanager
+def serving(handler: type) -> Iterator[str]:
+    """A threaded HTTP server on 127.0.0.1 (a free port) with ``handler``: its base URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

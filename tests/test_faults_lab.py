@@ -12,7 +12,6 @@ import os
 import signal
 import socket
 import subprocess
-import threading
 import time
 from contextlib import contextmanager
 from typing import Dict, Iterator, List, Tuple
@@ -21,6 +20,7 @@ import pytest
 import requests
 
 import lab as labmod
+from conftest import serving
 from gateway_proxy import Counting, flush_spools
 from test_hooks_lab import srun_job
 
@@ -71,13 +71,8 @@ def answering(status: int = 500, garbage: bool = False) -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with serving(Handler) as url:
+        yield url
 
 
 @contextmanager

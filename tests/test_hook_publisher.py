@@ -9,7 +9,6 @@ import http.server
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Dict, Iterator, List
@@ -17,7 +16,7 @@ from typing import Dict, Iterator, List
 import pytest
 import requests
 
-from conftest import ROOT, SCENARIOS
+from conftest import ROOT, SCENARIOS, serving
 
 from slurm_triage.config import Config, defaults, load
 from slurm_triage.sinks import spool
@@ -85,13 +84,8 @@ def slow_puts(pushgateway) -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        yield url
 
 
 def test_ok_prolog_exits_before_its_push_and_the_epilogs_delete_still_comes_last(tmp_path, fakenvml_lib, pushgateway,
