@@ -48,7 +48,9 @@ _T0 = time.monotonic()
 import sys, importlib.abc, importlib.machinery
 WRAP = {
  "slurm_triage.config": ["load"],
- "slurm_triage.snapshot": ["take", "preload_sinks"],
+ "slurm_triage.snapshot": ["start", "Pending.result", "take", "preload_sinks"],
+ "slurm_triage.hooks.prolog": ["warm_up"],
+ "slurm_triage.hooks.env": ["from_environ"],
  "slurm_triage.inventory": ["update"],
  "slurm_triage.checks": ["run_checks"],
  "slurm_triage.sinks.state": ["save", "load"],
@@ -65,7 +67,7 @@ def wrap(name, fn):
         t = time.monotonic()
         try:
             out = fn(*a, **kw)
-            if name == "snapshot.take":
+            if name in ("snapshot.take", "snapshot.Pending.result"):
                 for probe, s in (out.get("probe_seconds") or {}).items():
                     CALLS.append(("  probe " + probe, 0.0, s))
             return out
@@ -84,8 +86,10 @@ class Finder(importlib.abc.MetaPathFinder):
         def exec_module(mod, ex=ex, name=name):
             ex(mod)
             for attr in WRAP[name]:
-                if hasattr(mod, attr):
-                    setattr(mod, attr, wrap(name.rsplit(".", 1)[1] + "." + attr, getattr(mod, attr)))
+                owner, _, leaf = attr.rpartition(".")
+                where = getattr(mod, owner, None) if owner else mod
+                if where is not None and hasattr(where, leaf):
+                    setattr(where, leaf, wrap(name.rsplit(".", 1)[1] + "." + attr, getattr(where, leaf)))
         spec.loader.exec_module = exec_module
         return spec
 sys.meta_path.insert(0, Finder())

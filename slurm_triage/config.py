@@ -10,22 +10,27 @@ from __future__ import annotations
 import math
 import os
 import re
-import socket
 import sys
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on RHEL 9's Python 3.9
-    import tomli as tomllib
+
+def _toml() -> Any:
+    """tomllib (tomli on Python < 3.11), imported when a file is parsed: the hooks' GPU probe
+    child imports this module before the config is read, and needs no TOML parser."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on RHEL 9's Python 3.9
+        import tomli as tomllib
+    return tomllib
 
 DEFAULT_PATH = "/etc/slurm-triage/config.toml"
 MAX_NUMBER = 1e9  # no setting needs more; inf, nan and 1e300 are typos or attacks
 
 
-@dataclass(frozen=True)
-class Key:
+class Key(NamedTuple):
+    """One setting: its type, default, doc line and validator (a NamedTuple, not a dataclass:
+    every hook imports this module before its probes start, and dataclasses costs ~8 ms)."""
+
     type: type
     default: Any
     doc: str
@@ -113,6 +118,7 @@ SCHEMA: Dict[str, Dict[str, Key]] = {
         "scontrol": Key(str, "/usr/bin/scontrol", "Absolute path of scontrol (hooks run without PATH).", _absolute_or_empty),
         "cleanup": Key(bool, False, "Epilog: SIGTERM, then SIGKILL, this job's leftover processes and remove its IPC files."),
         "background_push": Key(bool, True, "An OK Prolog (without --triage) or Epilog hands its push to a detached publisher, so neither the job nor the node's release waits for requests and prometheus_client (~100 ms per hook); it holds the spool lock, so order holds, and replays what a later hook queued behind it."),
+        "publisher_nice": Key(int, 10, "Nice value of the background publisher: its imports (~150 ms of CPU) yield to the hooks and job starts that share the node's CPUs; 0 keeps slurmd's.", _between(0, 19, lo_open=False)),
         "cleanup_grace_seconds": Key(float, 3.0, "Epilog: time between SIGTERM and SIGKILL.", _between(0, 60, lo_open=False)),
         "sample_seconds": Key(float, 2.0, "Prolog with --triage: NVML sampling window for stuck clocks, throttling, idle power.", _between(0, 30, lo_open=False)),
     },
@@ -213,19 +219,31 @@ class ConfigError(Exception):
         self.path, self.key, self.line = path, key, line
 
 
-@dataclass
 class Config:
-    values: Dict[str, Dict[str, Any]]
-    source: str = "<defaults>"
-    warnings: List[str] = field(default_factory=list)
+    """The settings of one load: ``values[section][key]``, where they came from, and what was
+    wrong with the file (warnings, when loaded fail-open)."""
+
+    __slots__ = ("values", "source", "warnings")
+
+    def __init__(self, values: Dict[str, Dict[str, Any]], source: str = "<defaults>",
+                 warnings: Optional[List[str]] = None):
+        self.values, self.source = values, source
+        self.warnings: List[str] = warnings if warnings is not None else []
 
     def get(self, section: str, key: str) -> Any:
         return self.values[section][key]
 
+    def with_values(self, values: Dict[str, Dict[str, Any]]) -> "Config":
+        """The same source and warnings over other values (a node's state dir, say)."""
+        return Config(values, self.source, list(self.warnings))
+
+    def __repr__(self) -> str:
+        return f"Config(source={self.source!r}, warnings={self.warnings!r})"
+
 
 def node_name(explicit: str = "") -> str:
     """Slurm's name for this node: hooks get SLURMD_NODENAME; hostname is the fallback."""
-    return explicit or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    return explicit or os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
 
 
 def _key_lines(text: str) -> Dict[Tuple[str, str], int]:
@@ -270,6 +288,7 @@ def parse(text: str, path: str = "<string>", errors: Optional[List[ConfigError]]
     With an ``errors`` list (the hooks), a bad key or section is recorded there and left at
     its default instead, so one typo does not throw away the rest of the file.
     """
+    tomllib = _toml()
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

@@ -1,12 +1,13 @@
 """Verdicts and findings: the shared vocabulary of checks, hooks, sinks and reports.
 
-Plain dataclasses that serialize to JSON with a schema number, so the same objects feed
-the Pushgateway, the textfile collector, the CLI report and the tests.
+Plain classes that serialize to JSON with a schema number, so the same objects feed
+the Pushgateway, the textfile collector, the CLI report and the tests. (Not dataclasses:
+every Prolog imports this, and the ``inspect`` that dataclasses pulls in cost ~10 ms of
+CPU per hook.)
 """
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Iterable, List, Optional
 
 SCHEMA = 1
@@ -40,27 +41,37 @@ def worst(verdicts: Iterable[Verdict]) -> Verdict:
     return out
 
 
-@dataclass
 class Finding:
     """One judged fact: what was seen, on which GPU/process, and what to do about it.
 
     ``evidence`` holds numbers with their units in the key names (``temp_celsius``),
-    and ``seen_at`` (unix seconds) when the fact was collected.
+    and ``seen_at`` (unix seconds) when the fact was collected. ``hardware``: True when a
+    FAIL means the node itself is unsafe (drain), not a job's leftovers.
     """
 
-    id: str
-    verdict: Verdict
-    summary: str
-    node: str = ""
-    gpu: Optional[str] = None
-    pid: Optional[int] = None
-    evidence: Dict[str, Any] = field(default_factory=dict)
-    action: str = ""
-    hardware: bool = False
-    """True when a FAIL means the node itself is unsafe (drain), not a job's leftovers."""
+    FIELDS = ("id", "verdict", "summary", "node", "gpu", "pid", "evidence", "action", "hardware")
+
+    def __init__(self, id: str, verdict: Verdict, summary: str, node: str = "", gpu: Optional[str] = None,
+                 pid: Optional[int] = None, evidence: Optional[Dict[str, Any]] = None, action: str = "",
+                 hardware: bool = False):
+        self.id, self.verdict, self.summary, self.node, self.gpu, self.pid = id, verdict, summary, node, gpu, pid
+        self.evidence: Dict[str, Any] = {} if evidence is None else evidence
+        self.action, self.hardware = action, hardware
+
+    def _values(self) -> tuple:
+        return tuple(getattr(self, k) for k in self.FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Finding) and self._values() == other._values()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the dataclass it was
+
+    def __repr__(self) -> str:
+        return "Finding(" + ", ".join(f"{k}={getattr(self, k)!r}" for k in self.FIELDS) + ")"
 
     def to_dict(self) -> Dict[str, Any]:
-        d = asdict(self)
+        """A JSON-able copy: later changes to the finding's evidence do not reach it."""
+        d = {k: _copied(getattr(self, k)) for k in self.FIELDS}
         d["verdict"] = self.verdict.value
         return d
 
@@ -69,6 +80,14 @@ class Finding:
         d = dict(d)
         d["verdict"] = Verdict(d["verdict"])
         return cls(**d)
+
+
+def _copied(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _copied(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return type(v)(_copied(x) for x in v)
+    return v
 
 
 def sort_findings(findings: List[Finding]) -> List[Finding]:

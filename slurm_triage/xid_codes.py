@@ -20,15 +20,13 @@ NVIDIA's NVML headers and "GPU Memory Error Management: Error Recovery and Respo
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 FAIL = "fail"
 WARN = "warn"
 
 
-@dataclass(frozen=True)
-class XidInfo:
+class XidInfo(NamedTuple):
     code: int
     name: str
     """Short meaning, used in drain reasons and summaries."""

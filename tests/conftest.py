@@ -1,7 +1,6 @@
 """Shared fixtures: the fake NVML library, a real Pushgateway, config files, the CLI."""
 from __future__ import annotations
 
-import dataclasses
 import http.server
 import os
 import shutil
@@ -32,7 +31,7 @@ def private_state_dirs(request, tmp_path_factory, monkeypatch):
     base = tmp_path_factory.mktemp("defaults")
     for key, sub in (("state_dir", "state"), ("spool_dir", "spool")):
         monkeypatch.setitem(config.SCHEMA["node"], key,
-                            dataclasses.replace(config.SCHEMA["node"][key], default=str(base / sub)))
+                            config.SCHEMA["node"][key]._replace(default=str(base / sub)))
 
 
 @pytest.fixture(scope="session")

@@ -234,3 +234,18 @@ def test_an_ok_epilog_exits_at_once_when_the_lock_is_busy_and_its_publisher_push
     assert _wait(lambda: _phases(pushgateway, "507") == ["last_job"])
     assert _wait(lambda: not [p for p in mine if os.path.exists(f"/proc/{p}")])
     assert list((tmp_path / "spool").glob("*.json")) == []
+
+
+@pytest.mark.parametrize("nice,expected", [(7, 7), (0, 0)])
+def test_the_publisher_lowers_its_priority_to_publisher_nice(tmp_path, nice, expected):
+    """Its ~150 ms of imports must yield to the hooks of other jobs starting on the node."""
+    p = tmp_path / "c.toml"
+    p.write_text(f'[node]\nstate_dir = "{tmp_path}/state"\nspool_dir = "{tmp_path}/spool"\nsyslog_socket = ""\n'
+                 f'[hooks]\npublisher_nice = {nice}\n')
+    code = ("import os\nfrom slurm_triage.hooks import publish\n"
+            "publish.main(['prolog', '77', '0.1', '5', '-'])\nprint(os.getpriority(os.PRIO_PROCESS, 0))\n")
+    r = subprocess.run([sys.executable, "-I", "-c", code], env={**os.environ, "SLURM_TRIAGE_CONFIG": str(p)},
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout.split()[-1]) == max(expected, os.getpriority(os.PRIO_PROCESS, 0))
+    assert "found no saved state" in r.stderr  # it ran its course

@@ -116,11 +116,11 @@ def test_a_fifo_config_is_refused_at_once_and_the_job_runs(tmp_path):
 
 
 HANGS_IN_LOAD = """
-import dataclasses, sys, time
+import sys, time
 from slurm_triage import config
 from slurm_triage.hooks import common
 key = config.SCHEMA["hooks"]["prolog_deadline_seconds"]
-config.SCHEMA["hooks"]["prolog_deadline_seconds"] = dataclasses.replace(key, default=0.5)
+config.SCHEMA["hooks"]["prolog_deadline_seconds"] = key._replace(default=0.5)
 common.load = lambda **kw: time.sleep(30)   # a config read that never returns (hung NFS)
 sys.exit(common.run_hook("prolog", "prolog_deadline_seconds", lambda cfg, env: 86))
 """

@@ -14,7 +14,7 @@ from slurm_triage.model import Verdict
 from slurm_triage.triage import catalog, triage_logs
 from slurm_triage.triage.logs import parse_line
 from slurm_triage.triage.model import TriageFinding
-from slurm_triage.triage.rules import CONFIDENT, CONTESTED, correlate, run_rules
+from slurm_triage.triage.rules import CONFIDENT, CONTESTED, correlate, fallback, run_rules
 
 DATA = Path(__file__).resolve().parent / "data" / "structured"
 
@@ -108,3 +108,53 @@ def test_defers_to_is_validated_as_a_list(tmp_path: Path) -> None:
     with pytest.raises(catalog.CatalogError, match=r"network\.toml:ib_port_down:defers_to: must be list"):
         catalog.load(tmp_path)
 
+
+
+# A communication symptom without a cause (rules.fallback.cause_lean): real lines of dev cases.
+WATCHDOG = ("[rank1]:[E626 06:24:44.903881913 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation "
+            "timeout: WorkNCCL(SeqNum=808, OpType=ALLREDUCE, NumelIn=9801523, NumelOut=9801523, Timeout(ms)=600000) "
+            "ran for 600020 milliseconds before timing out.")                      # basicsr-737-watchdog
+SETTINGS = ("mpirun --allow-run-as-root -np 2 --mca btl tcp,self --mca btl_tcp_if_exclude eth0 -host *,*  "
+            "-x CUDA_VISIBLE_DEVICES=\"0,2\" -x NCCL_DEBUG=INFO -x LD_LIBRARY_PATH -x NCCL_IB_HCA=mlx5_bond_0:1 "
+            "-x NCCL_P2P_DISABLE=0 -x NCCL_SHM_DISABLE=0 -x NCCL_IB_DISABLE=0 -x NCCL_IB_CUDA_SUPPORT=0  "
+            "/home/mingkun/enter/test/nccl-tests/build/all_reduce_perf -b 9 -e 128M -f 2 -g 1 -z 0")  # nccl-426
+LAUNCH = ("CUDA_VISIBLE_DEVICES=6,7 python -m torch.distributed.launch --nproc_per_node=$NGPUS tools/train_net.py "
+          "--config-file configs/e2e_mask_rcnn_R_50_FPN_1x.yaml ")                   # maskrcnn-benchmark-137
+OOM = ("RuntimeError: CUDA out of memory. Tried to allocate 72.00 MiB (GPU 0; 1024.00 MiB total capacity; "
+       "378.05 MiB already allocated; 0 bytes free; 418.00 MiB reserved in total by PyTorch)")
+
+
+def _triage(tmp_path: Path, lines: list) -> list:
+    log = tmp_path / "job.err"
+    log.write_text("\n".join(lines) + "\n")
+    return triage_logs([str(log)]).findings
+
+
+def test_a_communication_symptom_gives_way_to_the_fabric_setting_its_log_names(tmp_path: Path) -> None:
+    """A collective timeout is the only error and the job set NCCL's transport by hand: config goes
+    first as a guess (far below CONFIDENT), the timeout stays as its consequence."""
+    ranked = _triage(tmp_path, [SETTINGS, "step 1", WATCHDOG])
+    lean, symptom = ranked[0], next(f for f in ranked if f.id == "log.watchdog")
+    assert (lean.id, lean.category, lean.confidence) == (fallback.LEAN_ID, "config", fallback.LEAN_CONFIDENCE)
+    assert lean.confidence < CONFIDENT and "nccl_ib_*" in lean.evidence["lexicon"]["words"]
+    assert symptom.caused_by == fallback.LEAN_ID and lean.evidence["symptom"] == "log.watchdog"
+    assert "guess" in lean.action and "behind a communication symptom" in lean.summary
+
+
+def test_a_launcher_line_alone_does_not_displace_the_symptom(tmp_path: Path) -> None:
+    """CUDA_VISIBLE_DEVICES / --nproc_per_node are printed by healthy launches too: not a named cause."""
+    assert _triage(tmp_path, [LAUNCH, WATCHDOG])[0].id == "log.watchdog"
+
+
+def test_a_setting_never_outranks_a_cause(tmp_path: Path) -> None:
+    ranked = _triage(tmp_path, [SETTINGS, OOM, WATCHDOG])
+    assert ranked[0].category == "memory" and fallback.LEAN_ID not in [f.id for f in ranked]
+
+
+def test_a_lean_speaks_only_over_a_communication_symptom() -> None:
+    lean = finding(fallback.LEAN_ID, "config", fallback.LEAN_CONFIDENCE, 5.0)
+    limit = finding("log.slurm.time_limit", "scheduler", 0.75, 10.0, consequence=True)
+    reset = finding("log.conn_reset", "network", 0.3, 10.0, consequence=True)
+    assert [f.id for f in correlate([lean, limit])] == ["log.slurm.time_limit"]
+    assert [f.id for f in correlate([reset, lean])] == [fallback.LEAN_ID, "log.conn_reset"]
+    assert correlate([lean]) == []

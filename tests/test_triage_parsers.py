@@ -11,7 +11,7 @@ import pytest
 
 from slurm_triage.triage import logs, parsers, triage_logs
 from slurm_triage.triage.model import CATEGORIES, LogEvent, TriageFinding
-from slurm_triage.triage.parsers import kernel
+from slurm_triage.triage.parsers import kernel, nvidia_smi
 from slurm_triage.triage.rules import correlate, run_rules, structured
 
 DATA = Path(__file__).resolve().parent / "data" / "structured"
@@ -138,6 +138,32 @@ def test_smi_table_err_cells_are_a_weak_note() -> None:
     assert f.id == "smi.table_err" and f.consequence and f.confidence <= 0.3 and "fan" in f.summary
 
 
+def test_a_gpu_reading_zero_degrees_or_unknown_error_is_an_unreadable_cell_not_a_cool_gpu(tmp_path: Path) -> None:
+    """NVML answers 0 °C and "[Unknown Error]" for a GPU in a broken state (gpu-fryer#10, a dev case: four
+    GPUs at 0.00 °C doing 0 GFLOPS): real captures with one cell set so are GPU notes, never thermal."""
+    table = (DATA / "nvidia_smi/azhpc-77-power-err.txt").read_text().replace("  29C  ", "   0C  ")
+    csv = (DATA / "nvidia_smi/ksysguard-27-query-gpu-csv.txt").read_text().splitlines()
+    csv[1] = csv[1].replace("0, 56, ", "0, 0, ").replace("83.92 W", "[Unknown Error]")
+    (tmp_path / "table.txt").write_text(table)
+    (tmp_path / "csv.txt").write_text("\n".join(csv) + "\n")
+    for name, cells in (("table.txt", ["power", "temp"]), ("csv.txt", ["power.draw", "temperature.gpu"])):
+        evs = parsers.parse_file(str(tmp_path / name))
+        [row] = [e for e in evs if e.kind == "smi_row"]
+        assert row.fields["err_cells"] == cells, name
+        [f] = correlate([f for r in structured.RULES for f in r.fn(evs)])
+        assert (f.id, f.category) == ("smi.table_err", "gpu_hardware"), name
+    [row] = kinds("nvidia_smi/ksysguard-27-query-gpu-csv.txt", "smi_row")
+    assert row.fields.get("err_cells") is None  # the untouched capture reads fine
+
+
+def test_dcgmi_dmon_xid_column_is_an_xid_even_when_dcgmi_health_says_healthy() -> None:
+    """dcgm#263 (a dev case): dmon -e 230 shows Xid 120 on GPU 1 while ``dcgmi health -c`` reports Healthy."""
+    evs = parsers.parse_file(str(CORPUS / "dcgm-263-gpu-recovery-reset-xid120-health-says-healthy" / "log.txt"))
+    assert [(e.gpu, e.fields["xid"]) for e in evs if e.kind == "xid"] == [("1", 120)]  # zeros are no Xid
+    root = triage_logs([str(CORPUS / "dcgm-263-gpu-recovery-reset-xid120-health-says-healthy" / "log.txt")]).findings[0]
+    assert (root.category, root.gpu, root.verdict.value) == ("gpu_hardware", "1", "FAIL")
+
+
 def test_idle_gpus_in_p0_without_persistence_are_a_config_note() -> None:
     evs = parsers.parse_file(str(CORPUS / "shinecluster-54-hot-gpu" / "log.txt"))
     rows = [e for e in evs if e.kind == "smi_row"]
@@ -150,6 +176,52 @@ def test_idle_gpus_in_p0_without_persistence_are_a_config_note() -> None:
 def test_smi_unknown_error_handle_is_a_lost_gpu() -> None:
     [f] = judge("nvidia_smi/nvidia-docker-1553-handle-unknown-error.txt")
     assert (f.category, f.gpu, f.tier, f.verdict.value) == ("gpu_hardware", "0000:09:00.0", 0, "FAIL")
+
+
+def test_query_gpu_csv_samples_are_one_row_per_gpu_and_a_cool_gpu_is_nothing() -> None:
+    [row] = kinds("nvidia_smi/ksysguard-27-query-gpu-csv.txt", "smi_row")
+    assert (row.fields["index"], row.fields["samples"], row.fields["temp_c"], row.fields["power_w"]) == (0, 13, 56, 83.92)
+    assert row.fields["perf"] == "P3" and "power_cap_w" not in row.fields
+    assert kinds("nvidia_smi/ksysguard-27-query-gpu-csv.txt", "smi_q_gpu") == []  # no clock-event reason queried
+    assert judge("nvidia_smi/ksysguard-27-query-gpu-csv.txt") == []
+
+
+def test_query_gpu_csv_without_its_header_or_with_a_foreign_header_is_left_alone(tmp_path: Path) -> None:
+    lines = (DATA / "nvidia_smi/ksysguard-27-query-gpu-csv.txt").read_text().splitlines()
+    bare, foreign = tmp_path / "bare.txt", tmp_path / "foreign.txt"
+    bare.write_text("\n".join(lines[1:]) + "\n")
+    foreign.write_text("index, name, pstate\n0, job-a, P3\n")
+    assert [e for p in (bare, foreign) for e in parsers.parse_file(str(p)) if e.kind.startswith("smi_")] == []
+
+
+@pytest.mark.parametrize("name,cell,expected", [
+    ("clocks_event_reasons.active", "0x0000000000000048", ["hw_slowdown", "hw_thermal_slowdown"]),
+    ("clocks_throttle_reasons.active", "0x0000000000000000", []),
+    ("clocks_throttle_reasons.gpu_idle", "Active", ["idle"]),
+    ("clocks_event_reasons.hw_power_brake_slowdown", "Not Active", []),
+    ("clocks_event_reasons.supported", "0x00000000000001FF", None),
+    ("clocks_event_reasons.sw_power_cap", "[N/A]", None)])
+def test_query_gpu_clock_event_cells_are_read_as_nvml_names_them(name: str, cell: str, expected: object) -> None:
+    """``.active`` is NVML's nvmlClocksEventReasons bitmask (0x8 HW Slowdown, 0x40 HW Thermal Slowdown);
+    the per-reason columns say Active / Not Active; names follow nvidia-smi -q (gpu_idle is "Idle")."""
+    assert nvidia_smi._reasons(name, cell) == expected
+
+
+def test_query_gpu_csv_reason_held_over_the_samples_is_judged_a_blip_is_not(tmp_path: Path) -> None:
+    """The real capture's rows with a clock-event column added: HW Slowdown in every sample is a thermal_power
+    finding; in one sample of thirteen (NVML: also reported during a P-state change) it is not held."""
+    header, *rows = (DATA / "nvidia_smi/ksysguard-27-query-gpu-csv.txt").read_text().splitlines()
+    header += ", clocks_throttle_reasons.hw_slowdown"
+    held, blip = tmp_path / "held.txt", tmp_path / "blip.txt"
+    held.write_text("\n".join([header] + [r + ", Active" for r in rows]) + "\n")
+    blip.write_text("\n".join([header] + [r + (", Active" if i == 3 else ", Not Active") for i, r in enumerate(rows)]) + "\n")
+    [q] = [e for e in parsers.parse_file(str(held)) if e.kind == "smi_q_gpu"]
+    assert q.fields["reasons_active"] == ["hw_slowdown"] and q.fields["samples"] == 13
+    [f] = [f for f in structured.smi_clock_events(parsers.parse_file(str(held)))]
+    assert f.category == "thermal_power" and f.id == "smi.power.hw_slowdown"
+    [q2] = [e for e in parsers.parse_file(str(blip)) if e.kind == "smi_q_gpu"]
+    assert q2.fields["reasons_active"] == [] and q2.fields["reason_samples"] == {"hw_slowdown": 1}
+    assert structured.smi_clock_events(parsers.parse_file(str(blip))) == []
 
 
 # --- dcgmi ------------------------------------------------------------------------------------------------------

@@ -180,3 +180,31 @@ def test_xid_line_naming_its_cause_makes_that_xid_the_root() -> None:
                                                 ("log.xid.45.0000:dc:00.0", "log.xid.149.0000:dc:00.0")]
     assert f[0].verdict.value == "FAIL" and f[0].evidence["inferred_from"] == "caused by previous Xid"
     assert f[1].evidence["caused_by_xid"] == [149] and f[1].consequence
+
+
+# Real PyTorch out-of-memory lines (corpus cases horovod-2719, lightning-12694, mgfn-35).
+OOM_HELD = ("RuntimeError: CUDA out of memory. Tried to allocate 14.00 MiB (GPU 1; 15.78 GiB total capacity; "
+            "2.68 GiB already allocated; 53.75 MiB free; 77.13 MiB cached; 0 bytes inactive)")
+OOM_BATCH = ("RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 11.17 GiB total capacity; "
+             "7.57 GiB already allocated; 18.25 MiB free; 7.74 GiB reserved in total by PyTorch)")
+OOM_BATCH_2 = ("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.70 GiB. GPU 0 has a total capacty "
+               "of 6.00 GiB of which 0 bytes is free. Of the allocated memory 2.93 GiB is allocated by PyTorch, and "
+               "2.30 GiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting "
+               "max_split_size_mb to avoid fragmentation.  See documentation for Memory Management and PYTORCH_CUDA_ALLOC_CONF")
+
+
+def test_an_oom_on_a_gpu_mostly_held_by_others_names_the_holder_not_the_batch():
+    found = run_rules(events(OOM_HELD))
+    root = found[0]
+    assert (root.id, root.category, root.gpu) == ("log.gpu_memory_held_elsewhere", "host_resources", "1")
+    assert root.confidence < 0.8  # a leftover and ranks sharing GPU 0 read the same
+    assert root.evidence["held_elsewhere_gib"] > 12 and root.evidence["this_process_gib"] < 4
+    oom = next(f for f in found if f.id == "log.oom.cuda")
+    assert oom.caused_by == root.id
+
+
+@pytest.mark.parametrize("line", [OOM_BATCH, OOM_BATCH_2])
+def test_an_oom_where_this_process_held_the_gpu_stays_a_memory_problem(line):
+    found = run_rules(events(line))
+    assert found[0].id == "log.oom.cuda" and found[0].category == "memory"
+    assert not any(f.id == "log.gpu_memory_held_elsewhere" for f in found)

@@ -10,8 +10,7 @@ finding counts the rest, so a user's 100,000 files cannot make 100,000 findings.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Tuple
 
 from ..config import Config
 from ..model import Finding, Verdict, sort_findings, worst
@@ -24,8 +23,7 @@ MAX_FINDINGS_PER_CHECK = 50
 MODULES = ("gpu", "xid", "leftovers", "listeners", "rdma", "sampling")
 
 
-@dataclass(frozen=True)
-class CheckSpec:
+class CheckSpec(NamedTuple):
     id: str
     needs: Tuple[str, ...]
     fn: CheckFn

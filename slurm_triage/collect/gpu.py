@@ -61,6 +61,7 @@ def collect(cfg: Config, indices: Optional[Sequence[int]] = None) -> Dict[str, A
     t0 = time.monotonic()
     pynvml.nvmlInit()  # without persistence mode the driver sets up every GPU here: 100s of ms
     init_seconds = time.monotonic() - t0
+    codes = {getattr(pynvml, n): n for n in dir(pynvml) if n.startswith("NVML_ERROR_")}  # once, not per GPU
     try:
         count = pynvml.nvmlDeviceGetCount()
         wanted = range(count) if indices is None else sorted({i for i in indices if 0 <= i < count})
@@ -70,7 +71,7 @@ def collect(cfg: Config, indices: Optional[Sequence[int]] = None) -> Dict[str, A
             "nvml_version": _text(pynvml.nvmlSystemGetNVMLVersion()),
             "count": count,
             "nvml_init_seconds": round(init_seconds, 4),
-            "gpus": [_Reader(pynvml, i).read() for i in wanted],
+            "gpus": [_Reader(pynvml, i, codes).read() for i in wanted],
         }
     finally:
         pynvml.nvmlShutdown()
@@ -83,11 +84,11 @@ def _text(v: Any) -> str:
 class _Reader:
     """Reads one GPU; every field is independent, so one failing call costs one field."""
 
-    def __init__(self, nv: Any, index: int):
+    def __init__(self, nv: Any, index: int, codes: Dict[int, str]):
         self.nv = nv
         self.g: Dict[str, Any] = dict.fromkeys(GPU_KEYS)
         self.g.update(index=index, lost=False, unsupported=[], errors={})
-        self.codes = {getattr(nv, n): n for n in dir(nv) if n.startswith("NVML_ERROR_")}
+        self.codes = codes  # NVML return code -> its NVML_ERROR_* name
 
     def call(self, key: str, fn: Callable[[], Any]) -> Any:
         """fn() or None; NOT_SUPPORTED -> ``unsupported``, else -> ``errors``; GPU_IS_LOST -> lost."""

@@ -12,17 +12,17 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import sys
 import time
-import traceback
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from ..config import SCHEMA, Config, load
-from ..model import Finding, Verdict
 from ..printable import printable  # a file name with a newline or ANSI escape must not forge log lines
 from ..sinks import counters
-from .env import EnvError, JobEnv, from_environ
+
+if TYPE_CHECKING:  # imported where used: a hook loads only this much before its probes start
+    from ..model import Finding
+    from .env import JobEnv
 
 LOG_MAX_BYTES = 1 << 20
 HARDWARE_FAIL_EXIT = 86
@@ -36,6 +36,8 @@ def _syslog(path: str, line: str) -> None:
     """One datagram to syslog/journald (daemon.warning): slurmd drops a hook's stderr."""
     if not path:
         return
+    import socket
+
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
             sock.settimeout(0.2)
@@ -107,6 +109,8 @@ def drain_on_hardware(cfg: Config, env: JobEnv, findings: List[Finding], kind: s
     stays in service. The intended reason is saved before scontrol is asked, so a
     slurmctld that does not answer in time gets it later from a detached retrier.
     """
+    from ..model import Verdict
+
     hardware = [f for f in findings if f.verdict == Verdict.FAIL and f.hardware]
     if not hardware:
         return None
@@ -275,15 +279,20 @@ def write_textfile(cfg: Config, snap: Dict[str, Any], findings: List[Finding]) -
         count_internal_error(cfg)
 
 
-def run_hook(kind: str, deadline_key: str, body: Callable[[Config, JobEnv], int]) -> int:
-    """Run ``body`` fail-open under the hook's hard deadline; return the exit code.
+def run_hook(kind: str, deadline_key: str, body: Callable[..., int],
+             start: Optional[Callable[[Config], Any]] = None) -> int:
+    """Run ``body(cfg, env)`` fail-open under the hook's hard deadline; return the exit code.
 
     The deadline is armed before anything else, at the built-in default, so a config path
     that blocks (a FIFO, a hung NFS mount) cannot outlive it; once the config is read it
     is re-armed at the configured value, counted from the same start.
+    ``start(cfg)`` runs right after the config is read, before the job environment is parsed
+    and the rest of the hook is imported (the snapshot's probes: they then overlap all of
+    that); its result is body's third argument, and is cancelled if body never used it.
     """
-    start = time.monotonic()
+    begin = time.monotonic()
     where: Dict[str, Any] = {"cfg": None, "job": "?", "deadline": SCHEMA["hooks"][deadline_key].default}
+    started: Any = None
 
     def on_alarm(signum: int, frame: object) -> None:
         cfg = where["cfg"]
@@ -294,7 +303,7 @@ def run_hook(kind: str, deadline_key: str, body: Callable[[Config, JobEnv], int]
 
     def arm(seconds: float) -> None:
         where["deadline"] = seconds
-        _deadline_at[0] = start + seconds
+        _deadline_at[0] = begin + seconds
         signal.setitimer(signal.ITIMER_REAL, max(0.001, _deadline_at[0] - time.monotonic()))
 
     signal.signal(signal.SIGALRM, on_alarm)
@@ -303,9 +312,13 @@ def run_hook(kind: str, deadline_key: str, body: Callable[[Config, JobEnv], int]
         cfg = load(fail_open=True)
         where["cfg"] = cfg
         arm(cfg.get("hooks", deadline_key))
+        if start is not None:
+            started = start(cfg)
         for w in cfg.warnings:
             log(cfg, kind, f"config error: {w}")
             count_internal_error(cfg)
+        from .env import EnvError, from_environ
+
         try:
             env = from_environ()
         except EnvError as e:
@@ -315,8 +328,10 @@ def run_hook(kind: str, deadline_key: str, body: Callable[[Config, JobEnv], int]
         where["job"] = env.job_id
         for w in env.warnings:
             log(cfg, kind, f"job {env.job_id}: {w}")
-        return body(cfg, env)
+        return body(cfg, env) if start is None else body(cfg, env, started)
     except Exception as e:  # noqa: BLE001 - any bug of ours must fail open
+        import traceback
+
         tb = traceback.extract_tb(e.__traceback__)[-1]
         log(where["cfg"], kind, f"job {where['job']}: internal error {type(e).__name__}: {e} "
                                 f"({tb.filename.rsplit('/', 1)[-1]}:{tb.lineno}); exiting 0 (fail open)")
@@ -324,5 +339,7 @@ def run_hook(kind: str, deadline_key: str, body: Callable[[Config, JobEnv], int]
             count_internal_error(where["cfg"])
         return 0
     finally:
+        if started is not None:
+            started.cancel()  # a no-op once body has waited for it
         signal.setitimer(signal.ITIMER_REAL, 0)
         _deadline_at[0] = float("inf")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
 from typing import List, Mapping, Optional
 
 from .. import ids
@@ -16,20 +15,24 @@ from ..ids import TRIAGE_MODES
 
 
 
-@dataclass
 class JobEnv:
-    job_id: str
-    node: str
-    uid: Optional[int] = None
-    user: str = ""
-    nodelist: str = ""
-    partition: str = ""
-    """The job's partition (SLURM_JOB_PARTITION), '' when absent or not a plain name."""
-    triage: str = ""
-    """The opt-in mode ('on', 'deep') or '' when the job did not opt in."""
-    gpus: Optional[List[int]] = None
-    """GRES GPU indices (device minor numbers) of the job on this node, None: unknown."""
-    warnings: List[str] = field(default_factory=list)
+    """The job as its hook environment describes it (validated by ``from_environ``).
+
+    ``partition``: SLURM_JOB_PARTITION, '' when absent or not a plain name; ``triage``: the
+    opt-in mode ('on', 'deep') or '' when the job did not opt in; ``gpus``: GRES GPU indices
+    (device minor numbers) of the job on this node, None when unknown.
+    """
+
+    def __init__(self, job_id: str, node: str, uid: Optional[int] = None, user: str = "", nodelist: str = "",
+                 partition: str = "", triage: str = "", gpus: Optional[List[int]] = None,
+                 warnings: Optional[List[str]] = None):
+        self.job_id, self.node, self.uid, self.user, self.nodelist = job_id, node, uid, user, nodelist
+        self.partition, self.triage, self.gpus = partition, triage, gpus
+        self.warnings: List[str] = [] if warnings is None else warnings
+
+    def __repr__(self) -> str:
+        return (f"JobEnv(job_id={self.job_id!r}, node={self.node!r}, uid={self.uid!r}, triage={self.triage!r}, "
+                f"gpus={self.gpus!r})")
 
 
 class EnvError(Exception):

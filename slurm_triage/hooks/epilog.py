@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
-from ..checks import run_checks
+from .. import snapshot
 from ..config import Config
-from ..model import Finding, Verdict, worst
-from ..snapshot import preload_sinks, take
-from .cleanup import KILL_WAIT_SECONDS, kill_leftovers, remove_ipc_files
+from ..deadline import Spare
 from .common import conclude, deliver_logged, internal_errors, publish, run_hook
-from .env import JobEnv
-from .prolog import grouping, job_gpu_uuids
+from .prolog import grouping, job_gpu_uuids, warm_up
+
+if TYPE_CHECKING:
+    from ..model import Finding
+    from .env import JobEnv
 
 LIVE_PHASES = ("prolog", "watch")
 
@@ -103,6 +104,9 @@ def clean_up(cfg: Config, env: JobEnv, procs: Dict[str, Any], leftovers: List[Di
              started: float, findings: List[Finding]) -> Dict[str, Any]:
     """Kill this job's leftovers and remove its IPC files when configured; findings for what
     could not be done. ``killed`` lists only processes that were signalled and are gone."""
+    from ..model import Finding, Verdict
+    from .cleanup import KILL_WAIT_SECONDS, kill_leftovers, remove_ipc_files
+
     cleanup: Dict[str, Any] = {}
     if not cfg.get("hooks", "cleanup"):
         return cleanup
@@ -137,7 +141,9 @@ def clean_up(cfg: Config, env: JobEnv, procs: Dict[str, Any], leftovers: List[Di
     return cleanup
 
 
-def epilog(cfg: Config, env: JobEnv) -> int:
+def epilog(cfg: Config, env: JobEnv, pending: Optional[snapshot.Pending] = None) -> int:
+    from ..checks import run_checks
+    from ..model import Verdict, worst
     from ..sinks import state
 
     t0 = time.monotonic()
@@ -146,7 +152,8 @@ def epilog(cfg: Config, env: JobEnv) -> int:
     # An OK Epilog's results are published in the background (common.in_background), like
     # the Prolog's; the node is released without waiting for requests and prometheus_client.
     background = cfg.get("hooks", "background_push")
-    snap = take(cfg, meanwhile=preload_sinks if cfg.get("pushgateway", "url") and not background else None)
+    push_now = bool(cfg.get("pushgateway", "url") and not background)
+    snap = (pending or snapshot.start(cfg)).result(meanwhile=lambda: warm_up(push_now))
     only_new_kernel_events(base_snap.get("kernel"), snap.get("kernel"))
     snap["baseline"] = {"rdma": base_snap.get("rdma"), "time": base_snap.get("time")}
     uuids = base.get("job_gpus") or job_gpu_uuids(snap, env)
@@ -187,5 +194,7 @@ def _push(cfg: Config, env: JobEnv, snap: Dict[str, Any], findings: List[Finding
     deliver_logged(cfg, "epilog", env, ops)
 
 
-def main() -> int:
-    return run_hook("epilog", "epilog_deadline_seconds", epilog)
+def main(gpu_spare: Optional[Spare] = None) -> int:
+    """The hook; ``gpu_spare``: the GPU probe's child, pre-forked by the hook's __main__."""
+    spares = {"gpu": gpu_spare} if gpu_spare is not None else None
+    return run_hook("epilog", "epilog_deadline_seconds", epilog, start=lambda cfg: snapshot.start(cfg, spares=spares))

@@ -7,14 +7,28 @@ or cancels (srun) the job; everything else exits 0.
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
-from ..checks import run_checks
+from .. import snapshot
 from ..config import Config
-from ..model import Finding, Verdict, worst
-from ..snapshot import preload_sinks, take
+from ..deadline import Spare
 from .common import conclude, deliver_logged, internal_errors, publish, run_hook
-from .env import JobEnv
+
+if TYPE_CHECKING:
+    from ..model import Finding
+    from .env import JobEnv
+
+
+def warm_up(push_now: bool) -> None:
+    """Import what the hook needs once its probes are in: run while they work (their imports
+    would otherwise follow them on the critical path of every job's start). ``push_now``: the
+    hook pushes itself (a --triage job), so the sinks' libraries too."""
+    from .. import checks
+    from ..sinks import spool, state  # noqa: F401
+
+    checks.load_all()
+    if push_now:
+        snapshot.preload_sinks()
 
 
 def job_gpu_uuids(snapshot: Dict[str, Any], env: JobEnv) -> List[str]:
@@ -25,12 +39,16 @@ def job_gpu_uuids(snapshot: Dict[str, Any], env: JobEnv) -> List[str]:
     return [g["uuid"] for g in gpus if g.get("uuid") and g.get("minor") in env.gpus]
 
 
-def prolog(cfg: Config, env: JobEnv) -> int:
+def prolog(cfg: Config, env: JobEnv, pending: Optional[snapshot.Pending] = None) -> int:
+    from ..checks import run_checks
+    from ..model import Verdict, worst
+
     t0 = time.monotonic()
     # A --triage job's gate reads this push before the job may start: it is sent before the
     # hook exits (its imports overlap the probes). Other jobs' OK results are published in
     # the background (common.in_background): the job does not wait for them.
-    snap = take(cfg, meanwhile=preload_sinks if env.triage and cfg.get("pushgateway", "url") else None)
+    push_now = bool(env.triage and cfg.get("pushgateway", "url"))
+    snap = (pending or snapshot.start(cfg)).result(meanwhile=lambda: warm_up(push_now))
     if env.triage:
         from ..step.sampling import sample_gpus
 
@@ -78,5 +96,7 @@ def grouping(env: JobEnv, phase: str) -> Dict[str, str]:
     return {"job": "slurm_triage", "instance": env.node, "slurm_job_id": env.job_id, "phase": phase}
 
 
-def main() -> int:
-    return run_hook("prolog", "prolog_deadline_seconds", prolog)
+def main(gpu_spare: Optional[Spare] = None) -> int:
+    """The hook; ``gpu_spare``: the GPU probe's child, pre-forked by the hook's __main__."""
+    spares = {"gpu": gpu_spare} if gpu_spare is not None else None
+    return run_hook("prolog", "prolog_deadline_seconds", prolog, start=lambda cfg: snapshot.start(cfg, spares=spares))

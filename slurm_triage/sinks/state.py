@@ -10,11 +10,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import stat
 import time
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, NamedTuple, Optional
 
 from ..config import Config
 from .atomic import write_atomic
@@ -24,8 +22,7 @@ _JOB_ID = re.compile(r"[0-9]+(_[0-9]+)?")
 _KIND = re.compile(r"[a-z][a-z0-9_-]*")
 
 
-@dataclass
-class Record:
+class Record(NamedTuple):
     job_id: Optional[str]
     kind: str
     saved_at: float
@@ -108,6 +105,8 @@ def prune(cfg: Config, max_age_days: float) -> int:
         except FileNotFoundError:
             continue
         if stat.S_ISDIR(st.st_mode) and st.st_mtime < cutoff:
+            import shutil  # only when old job states are pruned: every hook imports this module
+
             shutil.rmtree(d)
             removed += 1
     return removed

@@ -332,14 +332,12 @@ def state_dir_template(cfg: Config) -> str:
 
 def evidence_from_state(cfg: Config, job_id: str, nodes: Sequence[str]) -> Dict[str, NodeEvidence]:
     """The Prolog records in the nodes' state dirs, where this process can read them."""
-    from dataclasses import replace
-
     from ..sinks import state
 
     template = state_dir_template(cfg)
     out: Dict[str, NodeEvidence] = {}
     for path in dict.fromkeys(template.replace("{node}", n) for n in nodes):
-        node_cfg = replace(cfg, values={**cfg.values, "node": {**cfg.values["node"], "state_dir": path}})
+        node_cfg = cfg.with_values({**cfg.values, "node": {**cfg.values["node"], "state_dir": path}})
         try:
             rec = state.load(node_cfg, job_id, "prolog")
         except (OSError, ValueError):

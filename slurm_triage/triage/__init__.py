@@ -16,7 +16,7 @@ from ..config import Config
 from . import lexicon
 from .logs import error_lines, expand_paths, scan_many
 from .model import SCHEMA, JobEvidence, LogEvent, TriageFinding
-from .rules import run_job_rules, run_rules
+from .rules import fallback, run_job_rules, run_rules
 
 
 @dataclass
@@ -69,9 +69,10 @@ WEAK = 0.5
 
 
 def only_weak(findings: List[TriageFinding]) -> bool:
-    """Nothing found, or only weak symptoms (an exposure, a socket reset): then the first error
-    lines are worth reading too (they never outrank what was found)."""
-    return all(f.consequence and f.confidence < WEAK for f in findings)
+    """Nothing found, or only weak symptoms (an exposure, a socket reset) or communication ones (a
+    collective timeout): then the first error lines and the whole log's words are worth reading too
+    (they never outrank what was found; over a communication symptom they may name its cause)."""
+    return all(f.consequence and (f.confidence < WEAK or f.category in fallback.COMMUNICATION) for f in findings)
 
 
 def _window(facts: Any, since: Optional[float], until: Optional[float]) -> Tuple[Optional[float], Optional[float]]:

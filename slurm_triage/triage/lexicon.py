@@ -33,6 +33,9 @@ HEAD_BYTES = 4 << 20      # what is read of a log without any error line (the pa
 WINDOW = 40               # lines read on either side of a first error line
 MAX_LINE_CHARS = 4096
 _KEYS = {"category": str, "weight": float, "terms": list, "sources": list, "examples": list}
+_OPTIONAL = {"names_cause": bool}
+"""``names_cause = true``: the group's words name a cause even far from any error line (a setting the
+job chose), so that over a bare communication symptom they may say what lies behind it (rules.fallback.cause_lean)."""
 
 
 class LexiconError(ValueError):
@@ -44,6 +47,7 @@ class Term:
     text: str
     category: str
     weight: float
+    names_cause: bool = False
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ class Group:
     terms: Tuple[str, ...]
     sources: Tuple[str, ...]
     examples: Tuple[str, ...]
+    names_cause: bool = False
 
 
 @dataclass(frozen=True)
@@ -89,9 +94,12 @@ def _group(raw: Dict[str, object], index: int) -> Group:
             raise LexiconError(f"{where}:{key}: missing or not a {typ.__name__}")
         if typ is list and (not value or not all(isinstance(v, str) and v.strip() for v in value)):  # type: ignore[union-attr]
             raise LexiconError(f"{where}:{key}: must be a non-empty list of non-empty strings")
-    extra = sorted(set(raw) - set(_KEYS))
+    extra = sorted(set(raw) - set(_KEYS) - set(_OPTIONAL))
     if extra:
-        raise LexiconError(f"{where}:{extra[0]}: unknown key (known: {', '.join(_KEYS)})")
+        raise LexiconError(f"{where}:{extra[0]}: unknown key (known: {', '.join(list(_KEYS) + list(_OPTIONAL))})")
+    for key, typ in _OPTIONAL.items():
+        if key in raw and not isinstance(raw[key], typ):
+            raise LexiconError(f"{where}:{key}: not a {typ.__name__}")
     if raw["category"] not in CATEGORIES:
         raise LexiconError(f"{where}:category: {raw['category']!r} not one of {', '.join(CATEGORIES)}")
     if not 0 < float(raw["weight"]) <= 5:  # type: ignore[arg-type]
@@ -103,7 +111,7 @@ def _group(raw: Dict[str, object], index: int) -> Group:
     if any(not s.startswith("https://") for s in raw["sources"]):  # type: ignore[union-attr]
         raise LexiconError(f"{where}:sources: every source is an https:// URL")
     return Group(str(raw["category"]), float(raw["weight"]), terms,  # type: ignore[arg-type]
-                 tuple(raw["sources"]), tuple(raw["examples"]))  # type: ignore[arg-type]
+                 tuple(raw["sources"]), tuple(raw["examples"]), bool(raw.get("names_cause", False)))  # type: ignore[arg-type]
 
 
 def load(path: Path = PATH) -> Lexicon:
@@ -120,7 +128,7 @@ def load(path: Path = PATH) -> Lexicon:
         for t in g.terms:
             if any(x.category == g.category for x in by_word.get(t, [])):
                 raise LexiconError(f"{path.name}: term {t!r} appears twice under {g.category}")
-            by_word.setdefault(t, []).append(Term(t, g.category, g.weight))
+            by_word.setdefault(t, []).append(Term(t, g.category, g.weight, g.names_cause))
     # Longest first, so that a phrase wins over a word inside it ("cuda out of memory" over "memory").
     words = sorted(by_word, key=lambda t: (-len(t), t))
     checks = tuple((t.rstrip("*"), t, re.compile(_pattern(t), re.IGNORECASE)) for t in words)
@@ -140,14 +148,52 @@ def lexicon() -> Lexicon:
 
 
 _FRAME = re.compile(r'^(?:\S+:\s?)?\s*File "[^"]*", line \d+')
+_DUMP_HEADER = re.compile(r'^\s*(?:Thread (?:0x[0-9A-Fa-f]+|\d+) \([\w+ ]+\)(?::\s*"[^"]*")?\s*$'
+                          r'|(?:Current )?[Tt]hread 0x[0-9A-Fa-f]+ \(most recent call first\):'
+                          r'|Process \d+: |Python v\d)')
+"""A stack dump's own headers (py-spy's ``Thread 46 (idle): "MainThread"``, ``Process N:``, ``Python v3``;
+faulthandler's ``Thread 0x... (most recent call first):``): the dump's layout, not thread exhaustion."""
+_DUMP_FRAME = re.compile(r"^\s*(?P<func>[\w.<>]+) \([^()\s]+:\d+\)\s*$")
+"""A py-spy frame, ``    wait (threading.py:324)`` (its indent may be stripped already): its function names
+what a thread does, its file path does not."""
+_ABSENT = re.compile(r"[\w ]{0,12}?\s*[:=]\s*(?:false|no|none|off|disabled|inactive|not active|n/a)"
+                     r"(?=\s*(?:$|[,;)\]|]))", re.IGNORECASE)
+"""A label whose value (the whole field) says the thing is absent (``Thermal HW: false``, ``HW Slowdown :
+Not Active``): a status table's field names the condition it does NOT report (``NET/IB : No route`` is no value)."""
+_NO_READING = re.compile(r"\s*[:=]\s*-?0+(?:\.0+)?\s*°?\s*C\b", re.IGNORECASE)
+"""A temperature that reads exactly zero degrees: a sensor that reports nothing, not heat."""
+_TEMPERATURE = ("temperature", "temp")
+_SIGNAL = re.compile(r"\bsignal:?\s*(\d+|killed|bus error|segmentation fault|terminated|interrupt|aborted)\b"
+                     r"|\bSIG(HUP|INT|QUIT|ILL|TRAP|ABRT|BUS|FPE|KILL|SEGV|PIPE|ALRM|TERM|USR1|USR2|XCPU|XFSZ)\b",
+                     re.IGNORECASE)
+"""A signal named on a line, by number (``Killed by signal 2``), by name (``SIGTERM``) or by its description
+(``killed by signal: Bus error``, as strsignal(3) words it)."""
+_DENIALS = ("permission denied", "eacces", "errno 13", "permissionerror", "access denied", "operation not permitted",
+            "not permitted", "eperm")
+"""Words that say access was refused, not to what: the line's object decides (``shm_open failed : Permission
+denied`` is the host's shared-memory set-up; ``Permission denied (publickey)`` stays a credential)."""
+OBJECT_WEIGHT = 2.0  # a word that names what was denied: a concrete thing (shm, nvidia-container-cli), not a layer
+_KILL_WORDS = ("killed",)
+"""Words that mean the kernel's or the scheduler's SIGKILL only while the line names no other signal:
+``Killed by signal 2`` is an interrupt (Ctrl-C, SIGINT), ``killed by signal 15`` a termination."""
+
+
+def _other_signal(text: str) -> bool:
+    """True when ``text`` names a signal and none of those is SIGKILL (9)."""
+    named = [(m.group(1) or m.group(2)).upper() for m in _SIGNAL.finditer(text)]
+    return bool(named) and not any(n in ("9", "KILL", "KILLED") for n in named)
 
 
 def words_in(text: str, lex: Optional[Lexicon] = None) -> List[str]:
     """The lexicon terms in ``text`` (as written in the lexicon), in order of appearance, each once; none
-    for a traceback's ``File "...", line N`` frame lines (paths and function names are not the failure)."""
+    for a traceback's ``File "...", line N`` frame lines (paths and function names are not the failure)
+    nor for a stack dump's thread and process headers (the frames under them do count)."""
     lex = lex or lexicon()
-    if _FRAME.match(text):
+    if _FRAME.match(text) or _DUMP_HEADER.match(text):
         return []
+    frame = _DUMP_FRAME.match(text)
+    if frame:
+        text = frame.group("func")
     low = text.lower()
     taken: List[Tuple[int, int]] = []
     found: List[Tuple[int, str]] = []
@@ -158,9 +204,33 @@ def words_in(text: str, lex: Optional[Lexicon] = None) -> List[str]:
             a, b = m.span()
             if not any(a < y and x < b for x, y in taken):  # a longer term already holds these characters
                 taken.append((a, b))
-                if all(w != term for _, w in found):
+                if all(w != term for _, w in found) and not _denied(text, b, term):
                     found.append((a, term))
+    if found and any(w in _KILL_WORDS for _, w in found) and _other_signal(text):
+        found = [(a, w) for a, w in found if w not in _KILL_WORDS]
+    if any(w in _DENIALS for _, w in found):
+        found = _denial_object(low, found, lex)
     return [w for _, w in sorted(found)]
+
+
+def _denial_object(low: str, found: List[Tuple[int, str]], lex: Lexicon) -> List[Tuple[int, str]]:
+    """A line that refuses access to a thing another category names (also as part of a call or a path:
+    ``shm_open``, ``/dev/shm``): that thing's word instead of the denial words; else the line as found."""
+    tokens = set(re.split(r"[^a-z0-9]+", low))
+    objects = [t for t in tokens if any(x.category != "security" and x.weight >= OBJECT_WEIGHT and not x.names_cause
+                                          for x in lex.by_word.get(t, ()))]
+    if not objects and not any(any(x.category != "security" and x.weight >= OBJECT_WEIGHT for x in lex.by_word[w])
+                               for _, w in found):
+        return found
+    kept = [(a, w) for a, w in found if w not in _DENIALS]
+    at = min(a for a, w in found if w in _DENIALS)
+    return kept + [(at, t) for t in sorted(objects) if all(w != t for _, w in kept)]
+
+
+def _denied(text: str, end: int, term: str) -> bool:
+    """The line's own value says the term's condition is absent: a false flag, a zero-degree temperature."""
+    rest = text[end:end + 40]
+    return bool(_ABSENT.match(rest)) or (term in _TEMPERATURE and bool(_NO_READING.match(rest)))
 
 
 def scores(words: Iterable[str], lex: Optional[Lexicon] = None) -> Dict[str, float]:

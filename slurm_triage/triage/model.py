@@ -63,7 +63,8 @@ class TriageFinding:
     consequence: bool = False
     """True for symptoms that usually follow another failure (timeouts, socket resets)."""
     tier: int = 1
-    """0 for hardware evidence (fatal Xid): a later process error on that node follows from it."""
+    """0 for evidence that a later process error on that node follows from (a fatal Xid; a GPU whose
+    memory other processes held when this one ran out)."""
     first_time: Optional[float] = None
     first_order: Tuple[int, int] = (1 << 30, 0)
 

@@ -6,11 +6,13 @@ The diag table (DCGM 2.x/3.x) is two columns between ``+---+---+`` rules: a test
 following rows with an empty first column (words are split mid-way, so pieces are joined as cut).
 ``dcgmi health -c`` says ``Overall Health: Healthy|Warning|Failure`` (``-j``: the same in JSON);
 nv-hostengine logs each incident as ``Detected a WARNING in health system Thermal: '...'``.
+``dcgmi dmon -e 230`` prints ``#Entity  XIDER`` then ``GPU 1  120`` rows: the last Xid per GPU (0: none),
+read as one ``xid`` event per GPU, the kind the kernel log's Xid lines give (rules/gpu.py judges both).
 """
 from __future__ import annotations
 
 import re
-from typing import List, Optional
+from typing import List, Optional, Set
 
 from ..model import LogEvent
 from .base import Doc
@@ -22,6 +24,8 @@ _GPU_IN_MSG = re.compile(r"^GPU (?P<gpu>\d+)\b")
 _MESSAGE_ROWS = ("warning", "error", "info")
 _OVERALL = re.compile(r"Overall Health\"?\s*:\s*(?:\{\s*\"value\"\s*:\s*\")?(?P<health>Healthy|Warning|Failure)")
 # ``-j`` spreads it over lines: "Overall Health" : { "value" : "Healthy" }
+_DMON_HEADER = re.compile(r"^#Entity\s+(?P<fields>[A-Z][\w ]*?)\s*$")
+_DMON_ROW = re.compile(r"^(?P<entity>GPU|GPU-I|GPU-CI)\s+(?P<id>\d+)\s+(?P<values>\S.*?)\s*$")
 _INCIDENT = re.compile(r"Detected an? (?P<level>WARNING|FAILURE|ERROR) in health system (?P<system>[\w ]+?): "
                        r"'(?P<message>[^']+)")
 
@@ -91,8 +95,31 @@ def _diag(doc: Doc) -> List[LogEvent]:
     return out
 
 
+def _dmon_xids(doc: Doc) -> List[LogEvent]:
+    """``xid`` per GPU whose dmon XIDER column reads a code (the first nonzero one of its samples)."""
+    out: List[LogEvent] = []
+    column: Optional[int] = None
+    seen: Set[str] = set()
+    for n, line in enumerate(doc.lines, 1):
+        h = _DMON_HEADER.match(line.strip())
+        if h:
+            names = h["fields"].split()
+            column = names.index("XIDER") if "XIDER" in names else None
+            continue
+        r = _DMON_ROW.match(line.strip()) if column is not None else None
+        if r is None:
+            continue
+        values = r["values"].split()
+        code = values[column] if column < len(values) else ""
+        if code.isdigit() and int(code) > 0 and r["id"] not in seen:
+            seen.add(r["id"])
+            out.append(doc.event("xid", n, gpu=r["id"], pci=r["id"], xid=int(code), source="dcgmi dmon"))
+    return out
+
+
 def parse(doc: Doc) -> List[LogEvent]:
-    """``dcgm_diag_result`` / ``dcgm_diag_message`` rows; ``dcgm_health`` and ``dcgm_health_incident``."""
+    """``dcgm_diag_result`` / ``dcgm_diag_message`` rows; ``dcgm_health`` and ``dcgm_health_incident``;
+    ``xid`` from ``dcgmi dmon`` XIDER columns."""
     text = doc.text
     out: List[LogEvent] = []
     if "| Diagnostic" in text or "Fail - " in text or "Pass - " in text:
@@ -100,6 +127,8 @@ def parse(doc: Doc) -> List[LogEvent]:
     for m in _OVERALL.finditer(text):
         n = text.count("\n", 0, m.start()) + 1
         out.append(doc.event("dcgm_health", n, health=m["health"].lower()))
+    if "#Entity" in text:
+        out += _dmon_xids(doc)
     if "in health system" in text:
         for n, line in enumerate(doc.lines, 1):
             m2 = _INCIDENT.search(line)

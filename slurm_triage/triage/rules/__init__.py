@@ -13,7 +13,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 from ...model import Verdict
 from ..model import CATEGORIES, FALLBACK, JobEvidence, LogEvent, TriageFinding
-from . import catalog, fallback, gpu, metrics, nccl, pushed, slurm
+from . import catalog, fallback, gpu, memory, metrics, nccl, pushed, slurm
 
 RuleFn = Callable[[Any], List[TriageFinding]]
 """A log rule takes List[LogEvent], a job rule (in JOB_RULES) takes JobEvidence."""
@@ -33,6 +33,7 @@ class Rule:
 RULES: Tuple[Rule, ...] = (
     Rule("log.xid", ("gpu_hardware",), gpu.xid_events),
     Rule("log.cuda_error", ("gpu_hardware",), gpu.cuda_errors),
+    Rule("log.gpu_memory_held_elsewhere", ("host_resources",), memory.held_elsewhere),
     Rule("log.ib_completion", ("network",), nccl.ib_completion_errors),
     Rule("log.store_barrier", ("collective_hang", "config"), nccl.store_barrier_timeouts),
     Rule("log.watchdog", ("collective_hang",), nccl.watchdog_timeouts),
@@ -97,21 +98,37 @@ def calibrate(root: TriageFinding, others: List[TriageFinding]) -> None:
         root.confidence = CONTESTED
 
 
+def _symptom_only(root: TriageFinding) -> bool:
+    """The root is a communication symptom (collective timeout, reset connection, generic NCCL
+    error) and no cause was found: its cause is elsewhere, so the log's words may name it."""
+    return root.consequence and root.category in fallback.COMMUNICATION and not fallback.is_fallback(root)
+
+
 def correlate(findings: List[TriageFinding]) -> List[TriageFinding]:
     """Rank findings root cause first, its consequences next, then the rest; set ``caused_by``; a
-    contested root cause is not left confident (:func:`calibrate`)."""
+    contested root cause is not left confident (:func:`calibrate`); a communication symptom
+    without a cause gives way to the cause its log's words point to (:func:`fallback.cause_lean`)."""
+    if not findings:
+        return []
+    leans = [f for f in findings if f.id == fallback.LEAN_ID]
+    findings = [f for f in findings if f.id != fallback.LEAN_ID]
     if not findings:
         return []
     known = [f for f in findings if not fallback.is_fallback(f)] or findings
     primaries = [f for f in known if not f.consequence] or known
     root = min(primaries, key=lambda f: (_when(f), f.tier))
+    symptom: Optional[TriageFinding] = None
+    if leans and _symptom_only(root):
+        # The guess goes first; the symptom the log showed stays, as its consequence.
+        symptom, root, findings = root, leans[0], [leans[0]] + findings
+        root.evidence["symptom"] = symptom.id
     children: List[TriageFinding] = []
     others: List[TriageFinding] = []
     for f in findings:
         if f is root:
             continue
         same_node = f.node is None or root.node is None or f.node == root.node
-        if _after(f, root) and (f.consequence or (f.tier > root.tier and same_node)):
+        if f is symptom or _after(f, root) and (f.consequence or (f.tier > root.tier and same_node)):
             f.caused_by = root.id
             children.append(f)
         else:

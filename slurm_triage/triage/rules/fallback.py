@@ -10,9 +10,16 @@ opinion (the error line is generic, the cause is said elsewhere: a stricter lead
 confidence); when none leads either, the category stays ``unknown``. A log without any
 error-looking line is weighed by its distinct words alone (a pasted table or status output).
 Either way the finding never outranks a real one (:func:`..rules.correlate` skips it).
+
+A communication symptom (a collective timeout, a reset connection) usually follows a cause the
+log does not name; when the whole log holds words that name a cause even far from an error line
+(lexicon groups with ``names_cause``: a fabric or interface setting the job chose) and its words
+lean to that category, :func:`cause_lean` offers it as the guess behind the symptom (LEAN_ID);
+correlate puts it first only over such a symptom.
 """
 from __future__ import annotations
 
+import re
 from typing import Dict, List, Optional, Tuple
 
 from ...model import Verdict
@@ -27,14 +34,20 @@ MIN_SCORE = 1.0   # any real lean: a best guess labelled as such helps more than
 LEAD = 1.2        # the guess must outweigh the next category by this factor
 SURE_SCORE = 3.0  # one strong word on the anchor line, or several weaker ones: the full guess confidence
 UNANCHORED = 0.5  # weight of a word in a file without any error-looking line
+WARNED = 1.0      # ... on a warning line there: a file without errors says what worried it in its warnings
+_WARNING = re.compile(r"(?:^|[\[\s|:(<])(?:warn|warning)(?:[\]\s:|)>]|$)", re.IGNORECASE)
 REPEATS = 3       # a word near the first error counts on at most this many lines
 PLACE = 0.5       # weight of words that only name a layer (nccl, srun, gpu): they tip, never decide
 WHOLE_LEAD = 2.0  # the whole-log second opinion must lead twice (its guess on dev logs with error lines: 93 of 99 right)
+LEAN_ID = "log.cause_words"
+LEAN_CONFIDENCE = 0.35  # below any symptom it explains; a guess from words, never a finding
+COMMUNICATION = ("collective_hang", "network")  # symptoms whose cause is usually elsewhere
 
 
 def is_fallback(f: TriageFinding) -> bool:
-    """The first-error finding, guessed category or not: never a root cause over a real finding."""
-    return f.id == ID or f.category == FALLBACK
+    """The first-error finding, guessed category or not, and the lean behind a symptom: never a root
+    cause over a real finding (correlate puts a lean first only over a communication symptom)."""
+    return f.id in (ID, LEAN_ID) or f.category == FALLBACK
 
 
 def _nearness(distance: int) -> float:
@@ -54,17 +67,22 @@ def weigh(hits: List[LogEvent], anchors: Dict[Tuple[int, str], List[int]]
     every rank is one piece of evidence); in a file without anchors each distinct word counts once."""
     lex = lexicon.lexicon()
     factors: Dict[str, List[float]] = {}
+    loose: Dict[str, float] = {}  # word -> its weight in files without anchors (distinct words count once)
     for e in hits:
         near = anchors.get((e.file_index, e.source))
-        factor = _nearness(min(abs(e.line - a) for a in near)) if near else UNANCHORED
-        if factor > 0:
-            for w in e.fields.get("words", []):
-                factors.setdefault(w, []).append(factor)
+        for w in e.fields.get("words", []):
+            if near:
+                factor = _nearness(min(abs(e.line - a) for a in near))
+                if factor > 0:
+                    factors.setdefault(w, []).append(factor)
+            else:
+                loose[w] = max(loose.get(w, 0.0), WARNED if _WARNING.search(e.text) else UNANCHORED)
     total: Dict[str, float] = {}
     by_word: Dict[str, Dict[str, float]] = {}
     strongest: Dict[str, float] = {}
-    for w, fs in factors.items():
-        strength = sum(sorted(fs, reverse=True)[:REPEATS]) if any(f != UNANCHORED for f in fs) else UNANCHORED
+    for w in set(factors) | set(loose):
+        fs = factors.get(w)
+        strength = sum(sorted(fs, reverse=True)[:REPEATS]) if fs else loose[w]
         for t in lex.by_word.get(w, ()):
             total[t.category] = total.get(t.category, 0.0) + t.weight * strength
             by_word.setdefault(t.category, {})[w] = t.weight * strength
@@ -104,17 +122,18 @@ def first_error(events: List[LogEvent]) -> List[TriageFinding]:
     for e in exc + err:
         anchors.setdefault((e.file_index, e.source), []).append(e.line)
     category, conf, words, total = guess(hits, anchors)
+    whole = of_kind(events, lexicon.WHOLE_KIND)
+    lean = cause_lean(whole or ([] if anchors else hits))
     if not exc and not err:
         if category is None:
-            return []
+            return lean
         shown = [e for e in hits if set(e.fields["words"]) & set(words)][:5]
         return [_finding(shown, shown[0], category, conf, words, total,
                          f"no error line and no known failure shape; the words {', '.join(words)} point to "
-                         f"{category}: {_short(shown[0].text, 160)}", "across the whole log")]
+                         f"{category}: {_short(shown[0].text, 160)}", "across the whole log")] + lean
     # Per file, the exception of the first traceback says more than a generic error line; the
     # earliest file (in the order given) wins.
     scope = "near the first error"
-    whole = of_kind(events, lexicon.WHOLE_KIND)
     second = guess(whole, {}, lead=WHOLE_LEAD) if category is None and whole else None
     if second is not None and second[0] is not None:
         (category, conf, words, total), scope = second, "across the whole log"
@@ -123,11 +142,31 @@ def first_error(events: List[LogEvent]) -> List[TriageFinding]:
     text = _short(lead.text)
     if category is not None:
         text = f"{text} — best guess {category} (words {scope}: {', '.join(words)})"
-    return [_finding(shown, lead, category or FALLBACK, conf, words, total, text, scope)]
+    return [_finding(shown, lead, category or FALLBACK, conf, words, total, text, scope)] + lean
+
+
+def cause_lean(hits: List[LogEvent]) -> List[TriageFinding]:
+    """The cause category that the whole log's distinct words point to, for a communication symptom:
+    named by a word of a ``names_cause`` group, and outweighing every other category but the
+    symptoms' own (COMMUNICATION) WHOLE_LEAD times; else nothing."""
+    total, by_word, _ = weigh(hits, {})
+    rivals = sorted(((c, s) for c, s in total.items() if c not in COMMUNICATION), key=lambda kv: (-kv[1], kv[0]))
+    if not rivals:
+        return []
+    (category, score), runner = rivals[0], (rivals[1][1] if len(rivals) > 1 else 0.0)
+    lex = lexicon.lexicon()
+    strong = [w for w in by_word[category] if any(t.category == category and t.names_cause for t in lex.by_word[w])]
+    if not strong or score < WHOLE_LEAD * runner:
+        return []
+    words = [w for w, _ in sorted(by_word[category].items(), key=lambda kv: -kv[1])][:5]
+    shown = [e for e in hits if set(e.fields["words"]) & set(strong)][:5]
+    return [_finding(shown, shown[0], category, LEAN_CONFIDENCE, words, total,
+                     f"best guess {category} behind a communication symptom: the log's words {', '.join(words)} "
+                     f"point to it: {_short(shown[0].text, 160)}", "across the whole log", fid=LEAN_ID)]
 
 
 def _finding(shown: List[LogEvent], lead: LogEvent, category: str, conf: float, words: List[str],
-             total: Dict[str, float], summary: str, scope: str) -> TriageFinding:
+             total: Dict[str, float], summary: str, scope: str, fid: str = ID) -> TriageFinding:
     evidence: Dict[str, object] = {"exception": lead.fields.get("exception"), "first_line": lead.where}
     if total:
         evidence["lexicon"] = {"guess": None if category == FALLBACK else category, "words": words, "scope": scope,
@@ -135,6 +174,9 @@ def _finding(shown: List[LogEvent], lead: LogEvent, category: str, conf: float, 
     action = "if it is a real failure shape, add it to the catalog (slurm_triage/triage/catalog) with its case"
     action = ("read the log around this line; " if category == FALLBACK else
               f"a guess from its words only: confirm {category} in the log around this line; ") + action
+    if fid == LEAN_ID:
+        action = (f"a guess from the log's words only: a collective timeout or a reset connection usually follows "
+                  f"a cause the log does not name; check the {category} this line shows before the fabric")
     return from_events(
-        shown, id=ID, category=category, verdict=Verdict.WARN, confidence=conf if category != FALLBACK else CONFIDENCE,
+        shown, id=fid, category=category, verdict=Verdict.WARN, confidence=conf if category != FALLBACK else CONFIDENCE,
         summary=summary, action=action, node=only(e.node for e in shown), rank=lead.rank, evidence=evidence)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from dataclasses import replace
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ...config import Config
@@ -137,8 +136,8 @@ def fetch_groups(url: str, timeout: float) -> List[Dict[str, Any]]:
 
 def node_config(cfg: Config, template: str, node: str) -> Config:
     """``cfg`` as seen by ``node``'s hooks: its state dir (``{node}`` in the template filled)."""
-    return replace(cfg, values={**cfg.values, "node": {**cfg.values["node"],
-                                                       "state_dir": template.replace("{node}", node)}})
+    return cfg.with_values({**cfg.values, "node": {**cfg.values["node"],
+                                                   "state_dir": template.replace("{node}", node)}})
 
 
 def read_state(cfg: Config, job_id: str, nodes: Sequence[str]) -> Dict[str, Dict[str, Any]]:
