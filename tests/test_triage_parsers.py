@@ -390,6 +390,15 @@ def test_pyspy_one_process_waiting_in_a_collective_is_a_weak_hang_note() -> None
     assert f.evidence["in_collective"] == {"all_gather_into_tensor": 1} and "4068" in f.summary
 
 
+def test_pyspy_one_process_whose_main_thread_waits_for_data_is_a_weak_straggler_note() -> None:
+    """fairseq rank 0 blocked in its data iterator's queue while the other ranks sat in allreduce
+    (pytorch#87995); a single dump in backward (deepspeed#6524, above) still says nothing."""
+    evs = parsers.parse_file(str(CORPUS / "pytorch-87995-rank0-dataloader-pyspy-others-allreduce-unresolved" / "log.txt"))
+    [f] = structured.pyspy_outliers(evs)
+    assert (f.id, f.category, f.consequence) == ("pyspy.main_thread_waits_for_data", "collective_hang", True)
+    assert f.confidence < 0.5 and f.evidence["main_thread_at"] == "__next__ (fairseq/data/iterators.py:648)"
+
+
 def test_flight_recorder_report_and_dump() -> None:
     [f] = judge("flight_recorder/pytorch-tutorial-torchfrtrace.txt")
     assert (f.category, f.rank, f.evidence["seq"], f.evidence["op"]) == ("collective_hang", 1, 5, "nccl:all_reduce")

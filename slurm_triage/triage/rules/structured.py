@@ -753,10 +753,26 @@ def pyspy_outliers(events: List[LogEvent]) -> List[TriageFinding]:
 
 def _one_process(threads: List[LogEvent]) -> List[TriageFinding]:
     """A single dump: a thread waiting inside a collective is the local half of a hang (which peer is
-    missing needs the other ranks' dumps)."""
+    missing needs the other ranks' dumps); a main thread blocked waiting for its input (a queue
+    get, torch's DataLoader) is, in a job that hangs (why else dump it), most often the rank the
+    others wait for: its data loader stalled."""
     waiting = [(e, w) for e, (ins, w) in ((e, _where(e)) for e in threads) if ins]
     if not waiting:
-        return []
+        main = next((e for e in threads if e.fields.get("thread_name") == "MainThread" and e.fields.get("frames")), None)
+        frames = [str(f) for f in (main.fields["frames"] if main is not None else [])]
+        if main is None or not any(f.startswith("get (queue.py") or "torch/utils/data" in f for f in frames):
+            return []
+        # py-spy prints the standard library by bare file name ("wait (threading.py:302)"): the first
+        # frame with a path is where the program itself waits.
+        where = next((f for f in frames if "/" in f), frames[0])
+        return [from_events(
+            [main], id="pyspy.main_thread_waits_for_data", category="collective_hang", verdict=Verdict.WARN,
+            confidence=0.25, consequence=True,
+            summary=f"the dumped process's main thread waits for its input data in {where[:120]}, not in a "
+                    "collective: if the job hangs, this is likely the rank the others wait for",
+            action="py-spy dump the other ranks: if they wait in a collective, look at what holds this one "
+                   "(its data loader, storage, a lock); dump it again to see whether it moves",
+            evidence={"main_thread_at": where, "frames": frames[:8]})]
     return [from_events(
         [e for e, _ in waiting][:3], id="pyspy.waits_in_collective", category="collective_hang",
         verdict=Verdict.WARN, confidence=0.3, consequence=True,
