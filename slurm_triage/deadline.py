@@ -198,10 +198,11 @@ class Spare:
         """Send the job; (result fd, pid) to wait on, None when the spare is gone (then it is
         reaped and the caller forks the probe itself)."""
         view = memoryview(json.dumps(job).encode())
+        os.set_blocking(self.job_fd, False)  # a spare stuck in its imports must not hold the hook here
         try:
             while view:
                 view = view[os.write(self.job_fd, view):]
-        except OSError:
+        except OSError:  # gone (EPIPE), or its pipe is full and it does not read (EAGAIN)
             self.cancel()
             return None
         os.close(self.job_fd)
