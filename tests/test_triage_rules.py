@@ -208,3 +208,16 @@ def test_an_oom_where_this_process_held_the_gpu_stays_a_memory_problem(line):
     found = run_rules(events(line))
     assert found[0].id == "log.oom.cuda" and found[0].category == "memory"
     assert not any(f.id == "log.gpu_memory_held_elsewhere" for f in found)
+
+
+def test_without_times_a_fatal_xid_pasted_after_a_process_error_still_explains_it():
+    """nvidia-docker#849: the container's init error pasted first, the kernel's Xid 48 (DBE) below it;
+    with no comparable times, the order of a paste says nothing: the hardware fault is the root."""
+    log = [
+        "\\\\nnvidia-container-cli: initialization error: cuda error: initialization error\\\\n\\\"\"\": unknown.",
+        "[Mon Oct 29 12:07:39 2018] NVRM: Xid (PCI:0000:8a:00): 48, An uncorrectable double bit error (DBE) has been "
+        "detected on GPU in the framebuffer at partition 4, subpartition 1.",
+    ]
+    found = run_rules(events(*log))
+    assert found[0].id.startswith("log.xid.48") and found[0].category == "gpu_hardware"
+    assert any(f.caused_by == found[0].id and f.category == "config" for f in found[1:])

@@ -105,7 +105,9 @@ def _symptom_only(root: TriageFinding) -> bool:
 
 
 def correlate(findings: List[TriageFinding]) -> List[TriageFinding]:
-    """Rank findings root cause first, its consequences next, then the rest; set ``caused_by``; a
+    """Rank findings root cause first, its consequences next, then the rest; set ``caused_by``. The
+    root is the earliest cause; when no cause carries a time, the order of a paste says nothing, and
+    hardware evidence (tier 0) goes first. A
     contested root cause is not left confident (:func:`calibrate`); a communication symptom
     without a cause gives way to the cause its log's words point to (:func:`fallback.cause_lean`)."""
     if not findings:
@@ -116,7 +118,8 @@ def correlate(findings: List[TriageFinding]) -> List[TriageFinding]:
         return []
     known = [f for f in findings if not fallback.is_fallback(f)] or findings
     primaries = [f for f in known if not f.consequence] or known
-    root = min(primaries, key=lambda f: (_when(f), f.tier))
+    untimed = all(f.first_time is None for f in primaries)
+    root = min(primaries, key=lambda f: (f.tier, _when(f)) if untimed else (_when(f), f.tier))
     symptom: Optional[TriageFinding] = None
     if leans and _symptom_only(root):
         # The guess goes first; the symptom the log showed stays, as its consequence.
