@@ -27,10 +27,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from procs_fixture import publisher_pids  # noqa: E402 (bench/ is the script's own directory)
-
-ROOT = Path(__file__).resolve().parent.parent
-LAB = Path(os.environ.get("LAB_DIR") or "/tmp/slurm-lab")
+from bench_prolog_phases import LAB, ROOT, _forget_jobs, _hook_env, _publisher_tail  # noqa: E402 (bench/ is on sys.path)
 
 
 def export(commit: str, into: Path) -> Path:
@@ -48,25 +45,6 @@ def export(commit: str, into: Path) -> Path:
     for pth in ours.glob("distutils-precedence.pth"):
         shutil.copy(pth, theirs / pth.name)
     return tree
-
-
-def _env(node: str, job: int, user: pwd.struct_passwd) -> Dict[str, str]:
-    return {"SLURM_JOB_ID": str(job), "SLURMD_NODENAME": node, "SLURM_JOB_UID": str(user.pw_uid),
-            "SLURM_JOB_USER": user.pw_name, "SLURM_NODELIST": "node[1-4]", "SLURM_JOB_PARTITION": "debug",
-            "SLURM_TRIAGE_CONFIG": str(LAB / "etc" / "slurm-triage.toml")}
-
-
-def _publisher_tail(limit: float = 10.0) -> float:
-    t0 = time.monotonic()
-    while publisher_pids() and time.monotonic() - t0 < limit:
-        time.sleep(0.005)
-    return time.monotonic() - t0
-
-
-def _forget(jobs: List[int]) -> None:
-    for d in (LAB / "nodes").glob("*/state/jobs"):
-        for j in jobs:
-            shutil.rmtree(d / str(j), ignore_errors=True)
 
 
 def main() -> None:
@@ -94,7 +72,7 @@ def main() -> None:
                     used.append(job)
                     c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
                     t0 = time.monotonic()
-                    subprocess.run(script, env=_env("node1", job, user), stdout=subprocess.DEVNULL,
+                    subprocess.run(script, env=_hook_env("node1", job, user.pw_uid, user.pw_name), stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL, cwd="/")
                     wall = time.monotonic() - t0
                     c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -102,7 +80,7 @@ def main() -> None:
                     job += 1
                     used.append(job)
                     t0 = time.monotonic()
-                    procs = [subprocess.Popen(script, env=_env(f"node{n}", job, user), stdout=subprocess.DEVNULL,
+                    procs = [subprocess.Popen(script, env=_hook_env(f"node{n}", job, user.pw_uid, user.pw_name), stdout=subprocess.DEVNULL,
                                               stderr=subprocess.DEVNULL, cwd="/") for n in range(1, 5)]
                     walls = []
                     for p in procs:
@@ -122,7 +100,7 @@ def main() -> None:
                                 "publisher_after_ms": statistics.median(v["publisher"]) * 1000,
                                 "four_at_once_ms": statistics.median(v["4 at once"]) * 1000}
                          for name, v in got.items()}
-    _forget(used)
+    _forget_jobs(used)
     load1 = os.getloadavg()
     if args.format == "json":
         print(json.dumps({"base": args.base, "rounds": args.rounds, "load": [load0[0], load1[0]], "hooks": out},

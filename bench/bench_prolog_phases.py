@@ -29,7 +29,7 @@ import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, Iterable, List, Tuple
 
 from procs_fixture import publisher_pids  # noqa: E402 (bench/ is the script's own directory)
 
@@ -255,7 +255,7 @@ def _rounds(args: argparse.Namespace, pw: pwd.struct_passwd, triage: str, floors
         return {kind: _importtime(kind, env1, tmp) for kind in ("prolog", "epilog")}
 
 
-def _forget_jobs(jobs: range) -> None:
+def _forget_jobs(jobs: Iterable[int]) -> None:
     """Remove the state the bench's made-up jobs left on the lab's nodes: what reads the newest
     records of a node (the MCP's node_history, triage) must not find these instead of real jobs."""
     import shutil

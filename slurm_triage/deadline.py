@@ -73,6 +73,25 @@ class ProbeResult:
         return f"ProbeResult({self.name!r}, error={self.error!r}, timed_out={self.timed_out}, seconds={self.seconds:.3f})"
 
 
+def _become_probe(parent: int, own_group: bool) -> None:
+    """In a freshly forked probe child: mark it, lead its own process group (a top-level probe),
+    die with the parent, and let SIGTERM end it."""
+    global _IN_PROBE
+    _IN_PROBE = True
+    if own_group:
+        os.setpgid(0, 0)
+    _die_with(parent, _libc_prctl())
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _lead_group(pid: int) -> None:
+    """The parent's half of the child's setpgid: whichever side runs first, the group exists."""
+    try:
+        os.setpgid(pid, pid)
+    except OSError:
+        pass  # the child set it already and exec'd or exited
+
+
 def _child(fn: Callable[[], Any], wfd: int) -> None:
     try:
         payload = json.dumps({"value": fn()})
@@ -150,8 +169,8 @@ class Running:
 class Spare:
     """A probe child forked before its job is known (see the module doc).
 
-    ``runner`` ("module:function") is called in the child with the job once it arrives; the
-    modules in ``warm`` are imported while the child waits. A spare that is never handed a
+    ``runner`` is called in the child with the job once it arrives (the child is a fork, so any
+    function of the parent will do); the modules in ``warm`` are imported while the child waits. A spare that is never handed a
     job exits when its parent closes the job pipe (or dies: PR_SET_PDEATHSIG).
     """
 
@@ -159,9 +178,8 @@ class Spare:
         self.pid, self.job_fd, self.result_fd = pid, job_fd, result_fd
 
     @classmethod
-    def fork(cls, runner: str, warm: Sequence[str] = ()) -> Optional["Spare"]:
+    def fork(cls, runner: Callable[[Any], Any], warm: Sequence[str] = ()) -> Optional["Spare"]:
         """The spare, or None when no child can be forked (the probe is then forked as usual)."""
-        global _IN_PROBE
         parent = os.getpid()
         try:
             job_r, job_w = os.pipe()
@@ -170,12 +188,9 @@ class Spare:
         except OSError:
             return None
         if pid == 0:  # child
-            _IN_PROBE = True
-            os.setpgid(0, 0)
             os.close(job_w)
             os.close(res_r)
-            _die_with(parent, _libc_prctl())
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            _become_probe(parent, own_group=True)
             for name in warm:
                 try:
                     importlib.import_module(name)
@@ -184,14 +199,10 @@ class Spare:
             job = _read_all(job_r)
             if not job:
                 os._exit(0)  # not needed after all
-            module, _, function = runner.partition(":")
-            _child(lambda: getattr(importlib.import_module(module), function)(json.loads(job)), res_w)
+            _child(lambda: runner(json.loads(job)), res_w)
         os.close(job_r)
         os.close(res_w)
-        try:
-            os.setpgid(pid, pid)
-        except OSError:
-            pass
+        _lead_group(pid)
         return cls(pid, job_w, res_r)
 
     def hand(self, job: Any) -> Optional[Tuple[int, int]]:
@@ -239,7 +250,6 @@ def start_probes(probes: Dict[str, Tuple[Callable[[], Any], float]],
     ``spares`` gives some probes a ``(Spare, job)``: that spare runs the probe instead (its
     result must be what ``fn`` would return); a spare that is gone falls back to ``fn``.
     """
-    global _IN_PROBE
     start = time.monotonic()
     own_group = not _IN_PROBE
     running: Dict[int, Tuple[str, int, float, bytearray]] = {}
@@ -258,19 +268,12 @@ def start_probes(probes: Dict[str, Tuple[Callable[[], Any], float]],
         rfd, wfd = os.pipe()
         pid = os.fork()
         if pid == 0:  # child
-            _IN_PROBE = True
-            if own_group:
-                os.setpgid(0, 0)
-            _die_with(parent, _libc_prctl())
             os.close(rfd)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            _become_probe(parent, own_group)
             _child(fn, wfd)
         os.close(wfd)
         if own_group:
-            try:
-                os.setpgid(pid, pid)  # also here: whichever side runs first, the group exists
-            except OSError:
-                pass  # the child set it already and exec'd or exited
+            _lead_group(pid)
         running[rfd] = (name, pid, start + seconds, bytearray())
         _libc_prctl()  # after the first fork; the later children inherit it
     return Running(start, own_group, running)

@@ -19,15 +19,15 @@ SCHEMA = 1
 COLLECTORS = ("gpu", "procs", "kernel", "rdma")
 
 
-GPU_SPARE = ("slurm_triage.snapshot:run_job", ("pynvml", "slurm_triage.collect.gpu"))
-"""What a hook pre-forks for its GPU probe (deadline.Spare): pynvml's import is the largest
-part of that probe, and it then overlaps the hook's own imports and config read."""
-
-
 def run_job(job: Dict[str, Any]) -> Any:
     """A collector run in a spare child, from the job ``start`` handed it (JSON)."""
     cfg = Config(job["values"], job["source"])
     return _probe(job["section"], cfg, job["kwargs"])()
+
+
+GPU_SPARE = (run_job, ("pynvml", "slurm_triage.collect.gpu"))
+"""What a hook pre-forks for its GPU probe (deadline.Spare): pynvml's import is the largest
+part of that probe, and it then overlaps the hook's own imports and config read."""
 
 
 def _probe(section: str, cfg: Config, kwargs: Dict[str, Any]) -> Callable[[], Any]:
@@ -83,6 +83,12 @@ def start(cfg: Config, sections: Optional[Sequence[str]] = None,
             for s, sp in (spares or {}).items()}
     t0 = time.time()
     return Pending(cfg, start_probes(probes, jobs), t0)
+
+
+def starter(gpu_spare: Optional[Spare]) -> Callable[[Config], Pending]:
+    """A hook's ``run_hook(start=...)``: every probe, the GPU's in ``gpu_spare`` when there is one."""
+    spares = {"gpu": gpu_spare} if gpu_spare is not None else None
+    return lambda cfg: start(cfg, spares=spares)
 
 
 def take(cfg: Config, sections: Optional[Sequence[str]] = None,

@@ -135,7 +135,7 @@ def test_an_unused_spare_is_dismissed_and_a_dead_one_falls_back_to_a_fork(fakenv
 
 
 def test_a_spare_is_held_to_its_probes_deadline():
-    spare = deadline.Spare.fork("time:sleep")
+    spare = deadline.Spare.fork(time.sleep)
     t0 = time.monotonic()
     res = deadline.start_probes({"slow": (lambda: 1, 0.5)}, spares={"slow": (spare, 30)}).wait()
     assert res["slow"].timed_out and time.monotonic() - t0 < 5

@@ -122,7 +122,7 @@ from slurm_triage.hooks import common
 key = config.SCHEMA["hooks"]["prolog_deadline_seconds"]
 config.SCHEMA["hooks"]["prolog_deadline_seconds"] = key._replace(default=0.5)
 common.load = lambda **kw: time.sleep(30)   # a config read that never returns (hung NFS)
-sys.exit(common.run_hook("prolog", "prolog_deadline_seconds", lambda cfg, env: 86))
+sys.exit(common.run_hook("prolog", "prolog_deadline_seconds", lambda cfg, env, started: 86))
 """
 
 

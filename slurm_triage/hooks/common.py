@@ -281,14 +281,15 @@ def write_textfile(cfg: Config, snap: Dict[str, Any], findings: List[Finding]) -
 
 def run_hook(kind: str, deadline_key: str, body: Callable[..., int],
              start: Optional[Callable[[Config], Any]] = None) -> int:
-    """Run ``body(cfg, env)`` fail-open under the hook's hard deadline; return the exit code.
+    """Run ``body(cfg, env, started)`` fail-open under the hook's hard deadline; return the exit code.
 
     The deadline is armed before anything else, at the built-in default, so a config path
     that blocks (a FIFO, a hung NFS mount) cannot outlive it; once the config is read it
     is re-armed at the configured value, counted from the same start.
     ``start(cfg)`` runs right after the config is read, before the job environment is parsed
     and the rest of the hook is imported (the snapshot's probes: they then overlap all of
-    that); its result is body's third argument, and is cancelled if body never used it.
+    that); its result (None without ``start``) is body's third argument, and is cancelled if body
+    never used it.
     """
     begin = time.monotonic()
     where: Dict[str, Any] = {"cfg": None, "job": "?", "deadline": SCHEMA["hooks"][deadline_key].default}
@@ -328,7 +329,7 @@ def run_hook(kind: str, deadline_key: str, body: Callable[..., int],
         where["job"] = env.job_id
         for w in env.warnings:
             log(cfg, kind, f"job {env.job_id}: {w}")
-        return body(cfg, env) if start is None else body(cfg, env, started)
+        return body(cfg, env, started)
     except Exception as e:  # noqa: BLE001 - any bug of ours must fail open
         import traceback
 

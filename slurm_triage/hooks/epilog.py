@@ -196,5 +196,4 @@ def _push(cfg: Config, env: JobEnv, snap: Dict[str, Any], findings: List[Finding
 
 def main(gpu_spare: Optional[Spare] = None) -> int:
     """The hook; ``gpu_spare``: the GPU probe's child, pre-forked by the hook's __main__."""
-    spares = {"gpu": gpu_spare} if gpu_spare is not None else None
-    return run_hook("epilog", "epilog_deadline_seconds", epilog, start=lambda cfg: snapshot.start(cfg, spares=spares))
+    return run_hook("epilog", "epilog_deadline_seconds", epilog, start=snapshot.starter(gpu_spare))

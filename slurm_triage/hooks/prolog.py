@@ -98,5 +98,4 @@ def grouping(env: JobEnv, phase: str) -> Dict[str, str]:
 
 def main(gpu_spare: Optional[Spare] = None) -> int:
     """The hook; ``gpu_spare``: the GPU probe's child, pre-forked by the hook's __main__."""
-    spares = {"gpu": gpu_spare} if gpu_spare is not None else None
-    return run_hook("prolog", "prolog_deadline_seconds", prolog, start=lambda cfg: snapshot.start(cfg, spares=spares))
+    return run_hook("prolog", "prolog_deadline_seconds", prolog, start=snapshot.starter(gpu_spare))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from typing import Dict, List, Optional, Tuple
 
+from ...collect.gpu import CLOCK_EVENT_REASONS
 from ..model import LogEvent
 from .base import Doc, bus_id, number
 
@@ -60,10 +61,9 @@ _CSV_MEASURES = ("temp_c", "mem_temp_c", "power_w", "power_cap_w", "util_pct", "
 _CSV_MARKERS = ("temperature.", "power.draw", "power.limit", "utilization.gpu", "clocks.", "_reasons.")
 _CSV_NAME = re.compile(r"^(?P<name>[a-z_][a-z0-9_.]*)(?: \[[^\]]*\])?$")
 _CSV_REASON = re.compile(r"^clocks_(?:throttle|event)_reasons\.(?P<reason>\w+)$")
-# NVML nvmlClocksEventReasons bits, named as nvidia-smi -q names them (parsers/nvidia_smi_q.py)
-_REASON_BITS = ((0x1, "idle"), (0x2, "applications_clocks_setting"), (0x4, "sw_power_cap"), (0x8, "hw_slowdown"),
-                (0x10, "sync_boost"), (0x20, "sw_thermal_slowdown"), (0x40, "hw_thermal_slowdown"),
-                (0x80, "hw_power_brake_slowdown"), (0x100, "display_clock_setting"))
+# NVML's nvmlClocksEventReasons bits (the collector's table), named as nvidia-smi -q names them
+# (parsers/nvidia_smi_q.py: "Idle", not NVML's GpuIdle)
+_REASON_BITS = tuple((bit, "idle" if name == "gpu_idle" else name) for bit, name in CLOCK_EVENT_REASONS)
 REASON_SHARE = 0.1
 
 
