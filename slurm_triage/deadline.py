@@ -31,8 +31,8 @@ _IN_PROBE = False
 
 _PRCTL: List[Optional[Callable[..., int]]] = []
 """libc's prctl, looked up once in the parent: each child importing ctypes cost ~10 ms of CPU.
-The parent looks it up only after forking its first probe (the GPU probe, which imports
-ctypes anyway), so that probe starts ~3 ms sooner."""
+The parent looks it up only after forking its first child (a hook's GPU spare, or the first
+probe), so that one starts ~3 ms sooner; the later children inherit it."""
 
 
 def _libc_prctl() -> Optional[Callable[..., int]]:
@@ -203,6 +203,7 @@ class Spare:
         os.close(job_r)
         os.close(res_w)
         _lead_group(pid)
+        _libc_prctl()  # now, while the spare imports: the probes forked later inherit it
         return cls(pid, job_w, res_r)
 
     def hand(self, job: Any) -> Optional[Tuple[int, int]]:

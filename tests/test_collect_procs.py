@@ -187,6 +187,50 @@ def test_decode_addr_from_recorded_proc_net_lines() -> None:
     assert procs.decode_addr("00000000000000000000000000000000:20FB") == ("::", 8443)
 
 
+def test_sock_diag_lists_what_proc_net_tcp_lists_as_listening() -> None:
+    """The kernel's own answer (netlink) against its text one, for IPv4 and IPv6 listeners opened here."""
+    import socket as sk
+
+    from slurm_triage.collect import sockdiag
+
+    opened = []
+    for family, addr in ((sk.AF_INET, "127.0.0.1"), (sk.AF_INET6, "::1")):
+        try:
+            s = sk.socket(family)
+            s.bind((addr, 0))
+        except OSError:
+            continue  # no IPv6 on this machine
+        s.listen(1)
+        opened.append(s)
+    try:
+        fast = sockdiag.listening()
+        assert fast is not None, "sock_diag unavailable: the Prolog falls back to /proc/net/tcp"
+        slow, _ = procs._listening("/proc/.")  # another path to the same /proc: the text tables
+        assert slow and fast == slow
+        for s in opened:
+            ino = os.fstat(s.fileno()).st_ino
+            assert fast[ino][1:] == (s.getsockname()[0], s.getsockname()[1], os.getuid())
+    finally:
+        for s in opened:
+            s.close()
+
+
+def test_a_listed_process_counts_its_connected_tcp_sockets() -> None:
+    """Connections are not in the listening table: they are read from /proc/net/tcp for listed processes only."""
+    code = ("import socket, sys; l = socket.socket(); l.bind(('127.0.0.1', 0)); l.listen(1); "
+            "c = socket.create_connection(l.getsockname()); a, _ = l.accept(); "
+            "sys.stdout.write('ready\\n'); sys.stdout.flush(); sys.stdin.read()")
+    p = subprocess.Popen([sys.executable, "-I", "-c", code], env={"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": DEAD_JOB},
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline() == "ready\n"
+        row = by_pid(procs.collect(make_cfg()), p.pid)
+        assert row["tcp_connections"] == 2 and len(row["listen"]) == 1  # both ends of its own connection
+    finally:
+        p.stdin.close()
+        p.wait(timeout=30)
+
+
 def test_fleet_every_process_listed_with_job_and_port() -> None:
     """The benchmark fleet, small: every member is found with its job and listener."""
     with Fleet(40, job_id=DEAD_JOB) as fleet:

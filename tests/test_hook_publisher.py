@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import http.server
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -234,6 +235,74 @@ def test_an_ok_epilog_exits_at_once_when_the_lock_is_busy_and_its_publisher_push
     assert _wait(lambda: _phases(pushgateway, "507") == ["last_job"])
     assert _wait(lambda: not [p for p in mine if os.path.exists(f"/proc/{p}")])
     assert list((tmp_path / "spool").glob("*.json")) == []
+
+
+def test_an_ok_prolog_exits_at_once_when_the_lock_is_busy_and_its_publisher_pushes_after_the_holder(
+        tmp_path, fakenvml_lib, pushgateway):
+    """The last job's Epilog's publisher still pushing must not make the next job's Prolog
+    import requests and wait for the lock (+150-250 ms of every back-to-back job start)."""
+    path = _config(tmp_path, fakenvml_lib, pushgateway.url)
+    cfg = load(str(path), node="node1")
+    assert spool.hold(cfg) is not None  # as the last Epilog's publisher holds it
+    try:
+        before = set(publisher_pids())
+        r = subprocess.run([str(PROLOG)], env=_env(path, "508"), capture_output=True, timeout=60)
+        assert r.returncode == 0 and r.stderr == b"", r.stderr  # nothing logged: no push from the hook
+        mine = [p for p in publisher_pids() if p not in before]
+        assert mine, "no publisher started"
+        time.sleep(0.5)
+        assert _phases(pushgateway, "508") == []  # the publisher waits for the holder
+    finally:
+        os.close(spool._HELD.pop(cfg.get("node", "spool_dir"))[0])
+    assert _wait(lambda: _phases(pushgateway, "508") == ["prolog"])
+    assert _wait(lambda: not [p for p in mine if os.path.exists(f"/proc/{p}")])
+    assert list((tmp_path / "spool").glob("*.json")) == []
+
+
+def test_a_prolog_publisher_that_gets_the_lock_after_its_jobs_epilog_leaves_no_live_group(
+        tmp_path, fakenvml_lib, pushgateway):
+    """A job shorter than the queue: its Epilog's publisher deletes the live groups before the
+    Prolog's publisher gets the lock; that one's PUT would bring the prolog group back."""
+    path = _config(tmp_path, fakenvml_lib, pushgateway.url)
+    cfg = load(str(path), node="node1")
+    assert spool.hold(cfg) is not None
+    try:
+        before = set(publisher_pids())
+        r = subprocess.run([str(PROLOG)], env=_env(path, "509"), capture_output=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        late = [p for p in publisher_pids() if p not in before]
+        assert len(late) == 1, late
+        os.kill(late[0], signal.SIGSTOP)  # the Prolog's publisher loses the race for the lock
+    finally:
+        os.close(spool._HELD.pop(cfg.get("node", "spool_dir"))[0])
+    try:
+        before = set(publisher_pids())
+        r = subprocess.run([str(EPILOG)], env=_env(path, "509"), capture_output=True, timeout=60)
+        assert r.returncode == 0 and r.stderr == b"", r.stderr
+        epi = [p for p in publisher_pids() if p not in before and p not in late]
+        assert _wait(lambda: not [p for p in epi if os.path.exists(f"/proc/{p}")])
+        assert _phases(pushgateway, "509") == ["last_job"]
+    finally:
+        os.kill(late[0], signal.SIGCONT)
+    assert _wait(lambda: not os.path.exists(f"/proc/{late[0]}"))
+    assert _phases(pushgateway, "509") == ["last_job"]
+    assert list((tmp_path / "spool").glob("*.json")) == []
+
+
+def test_a_requeued_jobs_earlier_epilog_does_not_stop_its_prolog_push(tmp_path):
+    from slurm_triage.hooks.publish import _job_ended
+    from slurm_triage.sinks import state
+
+    values = defaults()
+    values["node"].update({"name": "n", "state_dir": str(tmp_path / "state")})
+    cfg = Config(values)
+    state.save(cfg, "77", "prolog", {})
+    assert not _job_ended(cfg, "77")
+    state.save(cfg, "77", "epilog", {})
+    assert _job_ended(cfg, "77")
+    time.sleep(0.01)
+    state.save(cfg, "77", "prolog", {})  # the job runs again (requeue): same id, a newer Prolog
+    assert not _job_ended(cfg, "77")
 
 
 @pytest.mark.parametrize("nice,expected", [(7, 7), (0, 0)])

@@ -15,7 +15,6 @@ for the clean-up); job ids and node names from an environment must have their cl
 from __future__ import annotations
 
 import os
-import socket
 import stat as stat_mod
 import sys
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
@@ -24,6 +23,11 @@ from ..config import Config
 from ..ids import is_job_id, is_node
 from ..printable import printable
 from . import jobs
+
+try:  # the C module socket.py wraps: inet_ntop is all the scan needs, and socket.py's enums cost ~12 ms of CPU
+    import _socket as socket
+except ImportError:  # an interpreter without it
+    import socket  # type: ignore[no-redef]
 
 PROC = "/proc"
 CMDLINE_MAX = 512
@@ -34,6 +38,8 @@ IPC_KINDS = (("nccl-", "nccl"), ("vader_segment.", "mpi"), ("sm_segment.", "mpi"
              ("openmpi-sessions-", "mpi"), ("ucx_", "ucx"), ("psm2_shm.", "psm2"),
              ("torch_", "torch"), ("torchelastic_", "torch"))
 TCP_LISTEN = "0A"
+WILDCARDS = ("0.0.0.0", "::")
+"""Listening on every address: what the listener check reports (a loopback bind is private)."""
 STEPD_EXECUTABLES = ("slurmstepd", "slurmstepd-wlm")
 """File names of the real slurmstepd (Debian's slurm-wlm installs /usr/sbin/slurmstepd-wlm)."""
 MAX_IPC_SCAN = 50_000
@@ -42,6 +48,7 @@ MAX_IPC_FILES = 1_000
 """IPC files listed (lstat-ed) over all directories; the rest are counted, not listed."""
 
 Sock = Tuple[str, str, str, int]  # proto, state, local "HEX:PORT", uid
+Listener = Tuple[str, str, int, int]  # proto, address, port, uid (sockdiag.Listener)
 
 
 def ipc_kind(name: str) -> Optional[str]:
@@ -93,6 +100,19 @@ def _inet_table(proc: str) -> Dict[int, Sock]:
             if inode:  # 0: TIME_WAIT and friends, owned by no process
                 table[inode] = (proto, f[3], f[1], int(f[7]))
     return table
+
+
+def _listening(proc: str) -> Tuple[Dict[int, Listener], Optional[Dict[int, Sock]]]:
+    """Listening sockets by inode, and the whole /proc/net/tcp table when it had to be read for
+    them (else None: read later, only if a process listed holds other TCP sockets)."""
+    if proc == PROC:
+        from . import sockdiag
+
+        found = sockdiag.listening()
+        if found is not None:
+            return found, None
+    table = _inet_table(proc)
+    return {inode: (s[0], *decode_addr(s[2]), s[3]) for inode, s in table.items() if s[1] == TCP_LISTEN}, table
 
 
 def _unix_inodes(proc: str) -> Set[int]:
@@ -329,7 +349,7 @@ def collect(cfg: Config) -> Dict[str, Any]:
     """The ``procs`` fact section (docs/architecture.md)."""
     proc = PROC
     ipc_dirs = list(cfg.get("procs", "ipc_dirs"))
-    inet = _inet_table(proc)
+    listening, table = _listening(proc)
     unix = _unix_inodes(proc)
     seconds = cfg.get("procs", "deadline_seconds")
     procs = _scan(proc, ipc_dirs, _boot_time(proc), os.sysconf("SC_CLK_TCK"), seconds)
@@ -368,20 +388,20 @@ def collect(cfg: Config) -> Dict[str, Any]:
             libs, mapped = maps
             p.shm = sorted(set(p.shm) | set(mapped))
         listen: List[Dict[str, Any]] = []
-        tcp = nunix = 0
+        others: List[int] = []
         for inode in p.socks:
-            s = inet.get(inode)
-            if s is None:
-                nunix += inode in unix
+            ls = listening.get(inode)
+            if ls is None:
+                others.append(inode)
                 continue
-            if s[1] == TCP_LISTEN:
-                addr, port = decode_addr(s[2])
-                listen.append({"proto": s[0], "addr": addr, "port": port})
-                holders.setdefault(inode, []).append(p)
-            else:
-                tcp += 1
+            listen.append({"proto": ls[0], "addr": ls[1], "port": ls[2]})
+            holders.setdefault(inode, []).append(p)
         if not (p.job or libs or p.nvidia):
             continue  # a listener outside any job (sshd, a dashboard) shows in `listeners` only
+        if others and table is None:
+            table = _inet_table(proc)
+        tcp = sum(1 for inode in others if table and inode in table)
+        nunix = sum(1 for inode in others if not (table and inode in table) and inode in unix)
         row: Dict[str, Any] = {
             "pid": p.pid, "ppid": p.ppid, "uid": p.uid, "start_time": p.start, "start_ticks": p.ticks,
             "comm": p.comm,
@@ -395,10 +415,9 @@ def collect(cfg: Config) -> Dict[str, Any]:
         out_procs.append(row)
 
     listeners: List[Dict[str, Any]] = []
-    for inode, (proto, state, local, uid) in inet.items():
-        if state != TCP_LISTEN or local.split(":")[0].strip("0"):
-            continue  # not a wildcard bind (0.0.0.0 or ::)
-        addr, port = decode_addr(local)
+    for inode, (proto, addr, port, uid) in listening.items():
+        if addr not in WILDCARDS:
+            continue
         owners = sorted(holders.get(inode, []), key=lambda q: (q.job is None, q.pid))
         owner = owners[0] if owners else None
         listeners.append({"proto": proto, "addr": addr, "port": port, "uid": uid,

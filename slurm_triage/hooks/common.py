@@ -187,24 +187,22 @@ def publish(cfg: Config, env: JobEnv, kind: str, record: Dict[str, Any], snap: D
 def in_background(cfg: Config, kind: str, env: JobEnv, seconds: float) -> bool:
     """Have a detached publisher (``python -I -m slurm_triage.hooks.publish``) push the saved
     state and write the textfile, so the job does not wait for requests and prometheus_client
-    (150+ ms of imports); False when it could not start, or for the Prolog when the spool
-    lock was not free (the caller does the work itself).
+    (150+ ms of imports); False when it could not start (the caller does the work itself).
 
     It is a fresh interpreter, not a fork, so no SLURM_JOB_ID in its environment makes it
     look like a process of the job; its own session, no terminal. This hook takes the spool
     lock first and hands it over (the publisher inherits the locked fd), so a later hook's
-    pushes queue behind this one's and order holds. The publisher gets the hook's deadline.
+    pushes queue behind this one's and order holds. When another publisher holds the lock
+    (the last job's Epilog's, still pushing), this one starts without it and waits for it,
+    as the hook would have: the job need not wait. A Prolog's publisher that gets the lock
+    after its job's Epilog was saved pushes nothing (publish.main). The publisher gets the
+    hook's deadline.
     """
     if not (cfg.get("pushgateway", "url") or cfg.get("textfile", "directory")):
         return True  # nothing to publish
     from ..sinks.spool import hold
 
     held = hold(cfg)
-    if held is None and cfg.get("pushgateway", "url") and kind != "epilog":
-        return False  # no spool lock to hand over (busy, none configured): order needs the hook to push
-    # An Epilog's publisher may start without the lock: it waits for it (as the Epilog would
-    # have), and what it must come after (this job's Prolog PUT) was pushed before the job
-    # started or is held by the Prolog's publisher, whose lock it waits for.
     env_out = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C", "LC_ALL": "C", "SLURMD_NODENAME": env.node}
     if cfg.source != "<defaults>":
         env_out["SLURM_TRIAGE_CONFIG"] = cfg.source

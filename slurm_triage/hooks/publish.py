@@ -7,7 +7,8 @@ replays what other hooks queued behind its lock (a short job's Epilog), with
 the same fail-open rules as the hook: its faults are logged and counted, never raised; it
 stops at the hook's deadline (DEADLINE seconds from its start; the spool keeps what was not
 sent); LOCK_NS, unless "-", says it inherited the spool lock on fd 3 and orders its spool
-entries as of that time.
+entries as of that time. A Prolog's publisher started without the lock (another publisher
+had it) waits for the lock first, and pushes nothing if its job's Epilog came meanwhile.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import sys
 import time
 from typing import List
 
+from ..config import Config
 from . import common
 from .env import JobEnv
 
@@ -28,7 +30,8 @@ def main(argv: List[str]) -> int:
         os.setpriority(os.PRIO_PROCESS, 0, max(os.getpriority(os.PRIO_PROCESS, 0), cfg.get("hooks", "publisher_nice")))
     except OSError:
         pass  # as nice as it was: only slower to yield
-    if lock_ns != "-":
+    holder = lock_ns != "-"
+    if holder:
         from ..sinks.spool import adopt
 
         adopt(cfg, common.PUBLISHER_LOCK_FD, int(lock_ns))
@@ -41,6 +44,10 @@ def main(argv: List[str]) -> int:
     common._deadline_at[0] = time.monotonic() + float(deadline)
     signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, max(0.001, float(deadline)))
+    if not holder and kind == "prolog":  # started while another publisher held the lock
+        from ..sinks.spool import LOCK_WAIT_SECONDS, hold
+
+        holder = hold(cfg, min(LOCK_WAIT_SECONDS, max(0.0, common.time_left() - common.PUSH_MARGIN_SECONDS))) is not None
     try:
         from ..model import Finding
         from ..sinks import state
@@ -60,10 +67,10 @@ def main(argv: List[str]) -> int:
         else:
             raise ValueError(f"no background publisher for {kind!r}")
 
-        if cfg.get("pushgateway", "url"):
+        if cfg.get("pushgateway", "url") and not (kind == "prolog" and _job_ended(cfg, job_id)):
             _push(cfg, env, snap, findings, record, float(seconds))
         common.write_textfile(cfg, snap, findings)
-        if lock_ns != "-":
+        if holder:
             from ..sinks.spool import flush_held
 
             fr = flush_held(cfg, max(0.0, common.time_left() - common.PUSH_MARGIN_SECONDS))
@@ -74,6 +81,16 @@ def main(argv: List[str]) -> int:
         common.log(cfg, kind, f"job {job_id}: publisher internal error {type(e).__name__}: {e}")
         common.count_internal_error(cfg)
     return 0
+
+
+def _job_ended(cfg: Config, job_id: str) -> bool:
+    """The job's Epilog was saved after its Prolog (a short job, this publisher queued behind
+    the last one's): the Epilog deletes the live group, and a PUT now would bring it back.
+    A requeued job's earlier Epilog is older than this Prolog and does not count."""
+    from ..sinks import state
+
+    ended, started = state.saved_at(cfg, job_id, "epilog"), state.saved_at(cfg, job_id, "prolog")
+    return ended is not None and started is not None and ended >= started
 
 
 if __name__ == "__main__":

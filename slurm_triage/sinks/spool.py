@@ -219,18 +219,23 @@ class Spool:
             pass
         return None
 
-    def hold(self) -> bool:
-        """Take the lock now, without waiting, and keep it until this process exits; what
-        this process spools later is ordered as of now. A hook's background publisher holds
-        it before the hook exits, so the Epilog's DELETE of the same group cannot overtake
-        the Prolog's PUT: it waits for the lock, or queues behind it."""
+    def hold(self, wait: float = 0.0) -> bool:
+        """Take the lock, waiting up to ``wait`` seconds, and keep it until this process exits;
+        what this process spools later is ordered as of then. A hook's background publisher
+        holds it before the hook exits, so the Epilog's DELETE of the same group cannot
+        overtake the Prolog's PUT: it waits for the lock, or queues behind it."""
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         fd = os.open(self._path(LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    return False
+                time.sleep(0.02)
         names = self.entries()
         ns = time.time_ns()
         if names:
@@ -376,12 +381,12 @@ def _spool_of(cfg: Config) -> Optional[Spool]:
     return Spool(directory, cfg.get("node", "spool_max_files"), cfg.get("node", "spool_max_bytes"))
 
 
-def hold(cfg: Config) -> Optional[Tuple[int, int]]:
+def hold(cfg: Config, wait: float = 0.0) -> Optional[Tuple[int, int]]:
     """Spool.hold for the configured spool: (lock fd, order time_ns) to hand to a publisher
-    process (adopt), or None when the spool is busy, absent or unusable."""
+    process (adopt), or None when the spool stayed busy, or is absent or unusable."""
     sp = _spool_of(cfg)
     try:
-        if sp is None or not sp.hold():
+        if sp is None or not sp.hold(wait):
             return None
     except OSError:
         return None

@@ -73,6 +73,12 @@ def load(cfg: Config, job_id: Optional[str], kind: str) -> Optional[Dict[str, An
     return r.data if r else None
 
 
+def saved_at(cfg: Config, job_id: Optional[str], kind: str) -> Optional[float]:
+    """When ``kind`` was last saved for ``job_id`` (time.time()), None if it was not."""
+    r = _read(_file(_dir(cfg, job_id), kind))
+    return r.saved_at if r else None
+
+
 def _job_dirs(cfg: Config) -> List[str]:
     jobs = os.path.join(cfg.get("node", "state_dir"), "jobs")
     try:
