@@ -215,46 +215,28 @@ def test_an_epilog_that_queued_behind_a_lock_sends_its_ops_once_the_holder_lets_
     assert b"queued behind" not in r.stderr, r.stderr  # delivered: nothing worth a log line
 
 
-def test_an_ok_epilog_exits_at_once_when_the_lock_is_busy_and_its_publisher_pushes_after_the_holder(
-        tmp_path, fakenvml_lib, pushgateway):
+@pytest.mark.parametrize("hook,job,phase", [(EPILOG, "507", "last_job"), (PROLOG, "508", "prolog")],
+                         ids=["epilog", "prolog"])
+def test_an_ok_hook_exits_at_once_when_the_lock_is_busy_and_its_publisher_pushes_after_the_holder(
+        tmp_path, fakenvml_lib, pushgateway, hook, job, phase):
+    """The last job's publisher still pushing must not make the next hook import requests and
+    wait for the lock (+150-250 ms of a back-to-back job's start or end)."""
     path = _config(tmp_path, fakenvml_lib, pushgateway.url)
     cfg = load(str(path), node="node1")
-    assert spool.hold(cfg) is not None  # as the Prolog's publisher holds it
+    assert spool.hold(cfg) is not None  # as the last hook's publisher holds it
     try:
         before = set(publisher_pids())
         t0 = time.monotonic()
-        r = subprocess.run([str(EPILOG)], env=_env(path, "507"), capture_output=True, timeout=60)
-        assert r.returncode == 0 and r.stderr == b"", r.stderr
+        r = subprocess.run([str(hook)], env=_env(path, job), capture_output=True, timeout=60)
+        assert r.returncode == 0 and r.stderr == b"", r.stderr  # nothing logged: no push from the hook
         assert time.monotonic() - t0 < 5  # it did not wait for the lock (8 s) itself
         mine = [p for p in publisher_pids() if p not in before]
         assert mine, "no publisher started"
         time.sleep(0.5)
-        assert _phases(pushgateway, "507") == []  # the publisher waits for the holder
+        assert _phases(pushgateway, job) == []  # the publisher waits for the holder
     finally:
         os.close(spool._HELD.pop(cfg.get("node", "spool_dir"))[0])
-    assert _wait(lambda: _phases(pushgateway, "507") == ["last_job"])
-    assert _wait(lambda: not [p for p in mine if os.path.exists(f"/proc/{p}")])
-    assert list((tmp_path / "spool").glob("*.json")) == []
-
-
-def test_an_ok_prolog_exits_at_once_when_the_lock_is_busy_and_its_publisher_pushes_after_the_holder(
-        tmp_path, fakenvml_lib, pushgateway):
-    """The last job's Epilog's publisher still pushing must not make the next job's Prolog
-    import requests and wait for the lock (+150-250 ms of every back-to-back job start)."""
-    path = _config(tmp_path, fakenvml_lib, pushgateway.url)
-    cfg = load(str(path), node="node1")
-    assert spool.hold(cfg) is not None  # as the last Epilog's publisher holds it
-    try:
-        before = set(publisher_pids())
-        r = subprocess.run([str(PROLOG)], env=_env(path, "508"), capture_output=True, timeout=60)
-        assert r.returncode == 0 and r.stderr == b"", r.stderr  # nothing logged: no push from the hook
-        mine = [p for p in publisher_pids() if p not in before]
-        assert mine, "no publisher started"
-        time.sleep(0.5)
-        assert _phases(pushgateway, "508") == []  # the publisher waits for the holder
-    finally:
-        os.close(spool._HELD.pop(cfg.get("node", "spool_dir"))[0])
-    assert _wait(lambda: _phases(pushgateway, "508") == ["prolog"])
+    assert _wait(lambda: _phases(pushgateway, job) == [phase])
     assert _wait(lambda: not [p for p in mine if os.path.exists(f"/proc/{p}")])
     assert list((tmp_path / "spool").glob("*.json")) == []
 
