@@ -16,7 +16,7 @@ from ..config import Config
 from . import lexicon
 from .logs import error_lines, expand_paths, scan_many
 from .model import SCHEMA, JobEvidence, LogEvent, TriageFinding
-from .rules import fallback, run_job_rules, run_rules
+from .rules import fallback, prior, run_job_rules, run_rules
 
 
 @dataclass
@@ -38,7 +38,8 @@ class TriageResult:
 
 def first_error_events(paths: Sequence[str], logs: Dict[str, Dict[str, Any]]) -> List[LogEvent]:
     """The first traceback exception / error line of every readable log, the lexicon's words near
-    them, and (for a log with such lines) the lexicon's words over its head too (second pass, bounded)."""
+    them, (for a log with such lines) the lexicon's words over its head too, and the words the learned
+    prior knows (second pass, bounded)."""
     out: List[LogEvent] = []
     for i, p in enumerate(paths):
         if (logs.get(p) or {}).get("read"):
@@ -47,6 +48,7 @@ def first_error_events(paths: Sequence[str], logs: Dict[str, Dict[str, Any]]) ->
                 out += first + lexicon.hits(p, i, near=[e.line for e in first])
                 if first:
                     out += lexicon.hits(p, i, kind=lexicon.WHOLE_KIND)
+                out += [e for e in (prior.event(p, i),) if e is not None]
             except (OSError, EOFError, zlib.error, subprocess.SubprocessError):
                 continue  # the scan already read it; a second-pass failure only loses the hint
     return out

@@ -7,8 +7,10 @@ most, farther lines less; when one category clearly leads, the finding carries i
 with a low confidence (at most GUESS_CONFIDENCE, far below what a catalog entry says) and names
 the words that led to it; when none leads there, the distinct words of the whole log are a second
 opinion (the error line is generic, the cause is said elsewhere: a stricter lead, a lower
-confidence); when none leads either, the category stays ``unknown``. A log without any
-error-looking line is weighed by its distinct words alone (a pasted table or status output).
+confidence); when none leads either, the word prior learned from the dev corpus (:mod:`.prior`)
+may still name one (confidence prior.CONFIDENCE), else the category stays ``unknown``. A log without
+any error-looking line is weighed by its distinct words alone (a pasted table or status output), and
+when they lead nowhere either, the prior's own finding (prior.ID) is the last resort.
 Either way the finding never outranks a real one (:func:`..rules.correlate` skips it).
 
 A communication symptom (a collective timeout, a reset connection) usually follows a cause the
@@ -25,6 +27,7 @@ from typing import Dict, List, Optional, Tuple
 from ...model import Verdict
 from .. import lexicon
 from ..model import FALLBACK, LogEvent, TriageFinding, from_events
+from . import prior
 from .common import of_kind, only
 
 ID = "log.first_error"
@@ -47,7 +50,7 @@ COMMUNICATION = ("collective_hang", "network")  # symptoms whose cause is usuall
 def is_fallback(f: TriageFinding) -> bool:
     """The first-error finding, guessed category or not, and the lean behind a symptom: never a root
     cause over a real finding (correlate puts a lean first only over a communication symptom)."""
-    return f.id in (ID, LEAN_ID) or f.category == FALLBACK
+    return f.id in (ID, LEAN_ID, prior.ID) or f.category == FALLBACK
 
 
 def _nearness(distance: int) -> float:
@@ -126,7 +129,7 @@ def first_error(events: List[LogEvent]) -> List[TriageFinding]:
     lean = cause_lean(whole or ([] if anchors else hits))
     if not exc and not err:
         if category is None:
-            return lean
+            return prior.finding(events) + lean
         shown = [e for e in hits if set(e.fields["words"]) & set(words)][:5]
         return [_finding(shown, shown[0], category, conf, words, total,
                          f"no error line and no known failure shape; the words {', '.join(words)} point to "
@@ -142,7 +145,11 @@ def first_error(events: List[LogEvent]) -> List[TriageFinding]:
     text = _short(lead.text)
     if category is not None:
         text = f"{text} — best guess {category} (words {scope}: {', '.join(words)})"
-    return [_finding(shown, lead, category or FALLBACK, conf, words, total, text, scope)] + lean
+    found = _finding(shown, lead, category or FALLBACK, conf, words, total, text, scope)
+    learned = prior.prior_guess(events) if category is None else None
+    if learned is not None:
+        prior.name(found, *learned[:2])
+    return [found] + lean
 
 
 def cause_lean(hits: List[LogEvent]) -> List[TriageFinding]:
