@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import stat
 import sys
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
@@ -352,8 +353,6 @@ def resolve_path(explicit: Optional[str] = None) -> Optional[str]:
 
 def _read_regular(path: str) -> str:
     """The file's text; a FIFO or device there is refused at once instead of blocking a hook."""
-    import stat
-
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     with os.fdopen(fd, "rb") as fh:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -361,22 +360,115 @@ def _read_regular(path: str) -> str:
         return fh.read(1 << 20).decode("utf-8")
 
 
-def load(explicit: Optional[str] = None, fail_open: bool = False, node: Optional[str] = None) -> Config:
+CACHE_DIR = "/run/slurm-triage"
+"""Where the hooks keep the parsed config (``$SLURM_TRIAGE_CACHE_DIR`` overrides it): parsing
+TOML cost every Prolog and Epilog ~8 ms of CPU on its critical path (tomllib's import, 4.5 ms,
+and a pure-Python parse of even a short file, 3 ms), the same for every job until the file
+changes. Only a directory and files owned by this user and writable by nobody else count."""
+CACHE_SCHEMA = 1
+RACY_SECONDS = 2.0
+"""A file changed this recently is not cached: a rewrite of the same size within the same
+timestamp tick would leave its stat, and so the cache key, unchanged."""
+
+
+def _stamp(st: os.stat_result) -> str:
+    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
+def _cache_path(path: str) -> Optional[str]:
+    directory = os.environ.get("SLURM_TRIAGE_CACHE_DIR") or CACHE_DIR
+    name = "config-" + os.path.abspath(path).replace("%", "%25").replace("/", "%2F") + ".json"
+    return os.path.join(directory, name) if len(name) <= 255 else None
+
+
+def _owned_by_me(st: os.stat_result, kind: int = stat.S_IFREG) -> bool:
+    """Of this kind (a regular file, or a directory that is not a link to one), this user's, and
+    writable by nobody else."""
+    return stat.S_IFMT(st.st_mode) == kind and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def _cache_key(st: os.stat_result) -> str:
+    """The file's identity and this module's: a new file, an edit, or new code miss the cache."""
+    return _stamp(st) + "/" + _stamp(os.stat(__file__))
+
+
+def _cached(path: str, st: os.stat_result) -> Optional[Tuple[Dict[str, Dict[str, Any]], List[str]]]:
+    """(values before {node} expansion, warnings) parsed from this very file, or None."""
+    import json
+
+    cache = _cache_path(path)
+    if cache is None:
+        return None
+    try:
+        if not _owned_by_me(os.lstat(os.path.dirname(cache)), stat.S_IFDIR):
+            return None
+        fd = os.open(cache, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as fh:
+            if not _owned_by_me(os.fstat(fd)):
+                return None
+            entry = json.loads(fh.read(1 << 20))
+        if entry.get("schema") != CACHE_SCHEMA or entry.get("key") != _cache_key(st):
+            return None
+        return entry["values"], list(entry["warnings"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _remember(path: str, st: os.stat_result, values: Dict[str, Dict[str, Any]], warnings: List[str]) -> None:
+    """Cache a parse (best effort: a directory that cannot be made or written means no cache)."""
+    import json
+    import time
+
+    cache = _cache_path(path)
+    if cache is None or time.time() - max(st.st_mtime, st.st_ctime) < RACY_SECONDS:
+        return
+    directory = os.path.dirname(cache)
+    tmp = f"{cache}.{os.getpid()}.tmp"
+    try:
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            pass
+        if not _owned_by_me(os.lstat(directory), stat.S_IFDIR):
+            return
+        data = json.dumps({"schema": CACHE_SCHEMA, "key": _cache_key(st), "values": values,
+                           "warnings": warnings}).encode()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, cache)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def load(explicit: Optional[str] = None, fail_open: bool = False, node: Optional[str] = None,
+         cache: bool = False) -> Config:
     """Load and validate the config.
 
     ``fail_open`` (hooks): a bad key falls back to its default, an unreadable or unparsable
     file to all defaults, each with a warning instead of an exception, because a config
     typo must never drain the fleet. ``node`` is this node's name as Slurm gave it to the
     caller (SPANK helpers get no SLURMD_NODENAME); it wins over everything else.
+    ``cache`` (hooks, with ``fail_open``): reuse the last parse of this same file (CACHE_DIR).
     """
     path = resolve_path(explicit)
     cfg = Config(defaults())
     if path is not None:
         try:
-            text = _read_regular(path)
-            errors: List[ConfigError] = []
-            cfg = Config(parse(text, path, errors if fail_open else None), source=path)
-            cfg.warnings.extend(f"{e}; using the default for it" for e in errors)
+            st = os.stat(path) if cache and fail_open else None
+            hit = _cached(path, st) if st is not None else None
+            if hit is not None:
+                cfg = Config(hit[0], source=path, warnings=hit[1])
+            else:
+                text = _read_regular(path)
+                errors: List[ConfigError] = []
+                cfg = Config(parse(text, path, errors if fail_open else None), source=path)
+                cfg.warnings.extend(f"{e}; using the default for it" for e in errors)
+                if st is not None:
+                    _remember(path, st, cfg.values, cfg.warnings)
         except (OSError, UnicodeDecodeError) as e:
             err: Exception = ConfigError(f"cannot read: {e}", path)
             if not fail_open:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 
+import os
+
 import pytest
 
 from slurm_triage import config
@@ -124,3 +126,97 @@ def test_cli_check_with_broken_config_is_a_usage_error(write_config):
     bad = write_config("[nope]\n")
     r = cli("--config", str(bad), "check")
     assert r.returncode == 2 and "unknown section [nope]" in r.stderr
+
+
+# --- the hooks' parsed-config cache (issue 10: tomllib's import and parse were ~8 ms of CPU per hook) ---
+
+@pytest.fixture
+def cache(monkeypatch, tmp_path):
+    """A cache directory of this user's, and files old enough to be cached."""
+    d = tmp_path / "cache"
+    d.mkdir(mode=0o700)
+    monkeypatch.setenv("SLURM_TRIAGE_CACHE_DIR", str(d))
+    monkeypatch.setattr(config, "RACY_SECONDS", 0.0)
+    return d
+
+
+def _parses(monkeypatch) -> list:
+    calls: list = []
+    real = config.parse
+    monkeypatch.setattr(config, "parse", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    return calls
+
+
+def test_a_hook_reuses_the_parse_of_the_same_file_and_its_warnings(monkeypatch, tmp_path, cache):
+    path = tmp_path / "c.toml"
+    path.write_text('[node]\nstate_dir = "/var/lib/x/{node}"\n[gpu]\nnvml_library = 7\n')  # one bad key
+    calls = _parses(monkeypatch)
+    first = load(str(path), fail_open=True, node="n1", cache=True)
+    again = load(str(path), fail_open=True, node="n2", cache=True)
+    assert calls == [str(path)]  # parsed once
+    assert again.get("node", "state_dir") == "/var/lib/x/n2" and first.get("node", "state_dir") == "/var/lib/x/n1"
+    assert again.warnings == first.warnings and "nvml_library" in again.warnings[0]
+    assert again.source == str(path)
+    assert load(str(path), fail_open=True, cache=False).get("node", "state_dir").startswith("/var/lib/x/")
+    assert calls == [str(path)] * 2  # only the hooks use it
+
+
+def test_an_edited_or_replaced_file_is_parsed_again(monkeypatch, tmp_path, cache):
+    path = tmp_path / "c.toml"
+    path.write_text('[node]\nstate_dir = "/a"\n')
+    calls = _parses(monkeypatch)
+    load(str(path), fail_open=True, cache=True)
+    path.write_text('[node]\nstate_dir = "/bb"\n')  # edited in place
+    assert load(str(path), fail_open=True, cache=True).get("node", "state_dir") == "/bb"
+    new = tmp_path / "new.toml"
+    new.write_text('[node]\nstate_dir = "/cc"\n')
+    os.replace(new, path)  # how editors and config management write
+    assert load(str(path), fail_open=True, cache=True).get("node", "state_dir") == "/cc"
+    assert len(calls) == 3
+
+
+def test_a_file_changed_just_now_is_not_cached(monkeypatch, tmp_path, cache):
+    """A same-size rewrite within the same timestamp tick would keep the stat the cache is keyed on."""
+    monkeypatch.setattr(config, "RACY_SECONDS", 60.0)
+    path = tmp_path / "c.toml"
+    path.write_text('[node]\nstate_dir = "/a"\n')
+    load(str(path), fail_open=True, cache=True)
+    assert list(cache.iterdir()) == []
+
+
+@pytest.mark.parametrize("spoil", ["group_writable_file", "symlinked_file", "group_writable_dir"])
+def test_a_cache_anyone_else_could_write_is_ignored(monkeypatch, tmp_path, cache, spoil):
+    path = tmp_path / "c.toml"
+    path.write_text('[node]\nstate_dir = "/a"\n')
+    load(str(path), fail_open=True, cache=True)
+    entry = next(cache.iterdir())
+    forged = entry.read_text().replace('"/a"', '"/forged"')
+    if spoil == "group_writable_file":
+        entry.write_text(forged)
+        entry.chmod(0o620)
+    elif spoil == "symlinked_file":
+        other = tmp_path / "other.json"
+        other.write_text(forged)
+        other.chmod(0o600)
+        entry.unlink()
+        entry.symlink_to(other)
+    else:
+        entry.write_text(forged)
+        cache.chmod(0o770)
+    calls = _parses(monkeypatch)
+    assert load(str(path), fail_open=True, cache=True).get("node", "state_dir") == "/a"
+    assert calls == [str(path)]
+    entry.unlink()
+    if spoil == "group_writable_file":
+        entry.write_text(forged)
+        entry.chmod(0o600)  # the same forged entry, this user's alone: taken (the cache is as trusted as its owner)
+        assert load(str(path), fail_open=True, cache=True).get("node", "state_dir") == "/forged"
+
+
+def test_a_hook_without_a_usable_cache_directory_still_reads_its_config(monkeypatch, tmp_path):
+    monkeypatch.setenv("SLURM_TRIAGE_CACHE_DIR", str(tmp_path / "not" / "there"))
+    monkeypatch.setattr(config, "RACY_SECONDS", 0.0)
+    path = tmp_path / "c.toml"
+    path.write_text('[node]\nstate_dir = "/a"\n')
+    assert load(str(path), fail_open=True, cache=True).get("node", "state_dir") == "/a"
+    assert not (tmp_path / "not").exists()

@@ -308,7 +308,7 @@ def run_hook(kind: str, deadline_key: str, body: Callable[..., int],
     signal.signal(signal.SIGALRM, on_alarm)
     arm(where["deadline"])
     try:
-        cfg = load(fail_open=True)
+        cfg = load(fail_open=True, cache=True)
         where["cfg"] = cfg
         arm(cfg.get("hooks", deadline_key))
         if start is not None:

@@ -25,7 +25,7 @@ from .env import JobEnv
 
 def main(argv: List[str]) -> int:
     kind, job_id, seconds, deadline, lock_ns = argv
-    cfg = common.load(fail_open=True)
+    cfg = common.load(fail_open=True, cache=True)
     try:
         os.setpriority(os.PRIO_PROCESS, 0, max(os.getpriority(os.PRIO_PROCESS, 0), cfg.get("hooks", "publisher_nice")))
     except OSError:
