@@ -498,7 +498,9 @@ def example() -> str:
     out = ["# slurm-triage configuration (TOML). Every key is optional; shown at its default.",
            "# Search order: --config, $SLURM_TRIAGE_CONFIG, /etc/slurm-triage/config.toml.",
            "# \"{node}\" in any string is replaced by this node's Slurm name.",
-           "# Validate with: slurm-triage config check FILE"]
+           "# Validate with: slurm-triage config check FILE",
+           "# The Prolog and Epilog keep their parse of this file in /run/slurm-triage ($SLURM_TRIAGE_CACHE_DIR),",
+           "# keyed on the file's inode, size and times: an edit or a replaced file is read again."]
     for section, keys in SCHEMA.items():
         out.append("")
         out.append(f"[{section}]")
