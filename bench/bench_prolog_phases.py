@@ -45,6 +45,8 @@ JOB_BASE = 7_000_000 + (int(time.time()) % 100_000) * 10
 TRACER = r"""
 import time
 _T0 = time.monotonic()
+import gc
+gc.disable()  # as slurm_triage/hooks/__main__.py
 import sys, importlib.abc, importlib.machinery
 WRAP = {
  "slurm_triage.config": ["load"],
@@ -95,9 +97,12 @@ class Finder(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, Finder())
 kind, trace = sys.argv[1], sys.argv[2]
 _T1 = time.monotonic()
+from slurm_triage.deadline import Spare
+from slurm_triage.snapshot import GPU_SPARE
+spare = Spare.fork(*GPU_SPARE)  # the GPU probe's child, forked first, as the hooks' __main__ does
 mod = importlib.import_module("slurm_triage.hooks." + kind)
 _T2 = time.monotonic()
-rc = mod.main()
+rc = mod.main(spare)
 _T3 = time.monotonic()
 import json
 with open(trace, "w") as fh:
@@ -174,7 +179,7 @@ def _phases(tr: Dict[str, Any], t_spawn: float, t_end: float) -> Dict[str, float
     ph: Dict[str, float] = defaultdict(float)
     ph["wall"] = t_end - t_spawn
     ph["interpreter start (spawn to first line)"] = tr["t0"] - t_spawn
-    ph["import hook module"] = tr["imported"] - tr["tracer_ready"]
+    ph["import hook module (and fork the GPU spare)"] = tr["imported"] - tr["tracer_ready"]
     ph["interpreter exit"] = t_end - tr["main_done"]
     for name, a, b in tr["calls"]:
         ph[name] += b - a
