@@ -61,7 +61,10 @@ and normalise makes no word of it either."""
 _HEX_PAIRS = frozenset(bytes((a, b)) for a in b"abcdefx" for b in b"abcdefx")
 
 
-_RARE_VALUES = (b"false", b"disabled", b"inactive", b"not active", b"n/a")
+_RARE_VALUES = (b"false", b"disabled", b"inactive", b"not active", b"n/a",
+                b"0\xc2\xb0c", b"0.0\xc2\xb0c", b"0.00\xc2\xb0c", b"0 c", b"0.00 c")
+"""Values that say a field's thing is absent, zero-degree temperatures included (a sensor that reads nothing,
+as the lexicon's _NO_READING has it: ``Temperature: 0.00°C``)."""
 _COMMON_VALUES = (b"no",)  # a word of prose too: only looked for right after ": " (nvidia-smi -q's "Pending : No")
 _SEPARATORS = (b":", b": ", b"=", b"= ")
 _VALUE_END = frozenset(b" \t\r\n,;)]|")
