@@ -5,7 +5,9 @@
 UTF-8 replaced, lines cut at ``MAX_LINE_CHARS``) and hands the lines to every format module; a
 file may hold several outputs one after another, or mixed with job output. Each module returns
 facts as :class:`LogEvent` (kinds ``smi_q_*``, ``smi_*``, ``rocm_row``, ``dcgm_*``, ``slurm_*``,
-``sacct_*``, ``kmsg_*``, ``ib_port``, ``gpustat_row``, ``pyspy_*``, ``fr_*``); :mod:`slurm_triage.triage.rules.structured` judges them.
+``sacct_*``, ``kmsg_*``, ``ib_port``, ``gpustat_row``, ``pyspy_*``, ``fr_*``, ``shm_*``, ``ps_row``,
+``rank_progress``);
+:mod:`slurm_triage.triage.rules.structured` judges them.
 """
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ from typing import Callable, List, Tuple
 
 from ..logs import open_log
 from ..model import LogEvent
-from . import dcgmi, flight_recorder, gpustat, infiniband, kernel, nvidia_smi, nvidia_smi_q, pyspy, rocm_smi, slurm
+from . import (dcgmi, flight_recorder, gpustat, infiniband, kernel, nvidia_smi, nvidia_smi_q, progress, ps, pyspy,
+               rocm_smi, shm, slurm)
 from .base import Doc
 
 MAX_BYTES = 4 << 20
@@ -33,6 +36,9 @@ FORMATS: Tuple[Tuple[str, Callable[[Doc], List[LogEvent]]], ...] = (
     ("infiniband", infiniband.parse),
     ("pyspy", pyspy.parse),
     ("flight_recorder", flight_recorder.parse),
+    ("shm", shm.parse),
+    ("ps", ps.parse),
+    ("progress", progress.parse),
 )
 
 

@@ -9,7 +9,8 @@ kernel:``, and bare messages. Xid lines stay with the line scanner (``logs.py``,
 this module adds what spans lines or the scanner does not read, as ``kmsg_*`` kinds: the
 multi-line "fallen off the bus" text with its bus id, PCIe AER errors (via the node collector's
 parser, :func:`slurm_triage.collect.kernel.parse_records`), GPU driver device lines, oom-killer
-and memory-cgroup kills, hung tasks (D state), NVSwitch SXids and mlx5 (ConnectX) messages. A
+and memory-cgroup kills, hung tasks (D state), NVSwitch SXids, mlx5 (ConnectX) messages and
+kernel call traces (also a pasted trace alone, without the report it belongs to). A
 syslog priority (``<6>``, from ``dmesg -r`` or pstore) or a Markdown quote (``> ``) before a line is dropped.
 """
 from __future__ import annotations
@@ -45,6 +46,11 @@ _SXID = re.compile(r"^nvidia-nvswitch(?P<switch>\d+): SXid \(PCI:(?P<bus>" + BDF
 _MLX5 = re.compile(r"^mlx5_core (?P<bus>" + BDF + r")(?: (?P<ifname>[\w.\-]+))?: (?P<msg>.+)$")
 _NVIDIA_DEV = re.compile(r"^nvidia (?P<bus>" + BDF + r"): (?P<msg>.+)$")
 _HUNG = re.compile(r"^INFO: task (?P<comm>.+?):(?P<pid>\d+) blocked for more than (?P<seconds>\d+) seconds")
+# A kernel stack frame (oops, WARN, hung-task and soft-lockup reports): "[<ffffffffc33d41c2>] fn+0xb2/0xe0 [mod]"
+# (before 4.14), " fn+0xb2/0xe0 [mod]", "? fn+0x..." (unreliable), "RIP: 0010:fn+0x.../0x... [mod]".
+_FRAME = re.compile(r"^(?:\[<[0-9a-f]+>\]\s*)?(?:RIP: [0-9a-f]{4}:)?(?:\? )?(?P<fn>[A-Za-z_][\w.]*)"
+                    r"\+0x[0-9a-f]+/0x[0-9a-f]+(?:\s+\[(?P<mod>\w+)\])?")
+_TRACE_GAP = 3  # "Call Trace:", "<TASK>" and register lines may sit between frames of one trace
 # Wrappers around a line: syslog priority "<6>" (dmesg -r, pstore) and a Markdown quote "> ".
 _WRAP = re.compile(r"^(?:>\s?|<\d{1,3}>)")
 
@@ -113,13 +119,44 @@ def _year(doc: Doc) -> Optional[int]:
     return None
 
 
+def _traces(doc: Doc, year: Optional[int]) -> List[LogEvent]:
+    """``kmsg_call_trace`` per run of stack frames, also a pasted trace without its report's header:
+    the functions and the module of each frame (``""`` for the core kernel)."""
+    out: List[LogEvent] = []
+    run: List[Tuple[int, str, str]] = []
+
+    def close() -> None:
+        if len(run) >= 2:
+            when, up, host, _ = split_prefix(doc.lines[run[0][0] - 1], year)
+            out.append(doc.event("kmsg_call_trace", run[0][0], time=when, node=host, end_line=run[-1][0],
+                                 functions=[f for _, f, _ in run][:40], modules=[m for _, _, m in run][:40],
+                                 **({"uptime_s": up} if up is not None else {})))
+        run.clear()
+
+    for n, line in enumerate(doc.lines, 1):
+        if "+0x" not in line:
+            if run and n - run[-1][0] > _TRACE_GAP:
+                close()
+            continue
+        m = _FRAME.match(split_prefix(line, year)[3].strip())
+        if m:
+            if run and n - run[-1][0] > _TRACE_GAP:
+                close()
+            run.append((n, m["fn"], m["mod"] or ""))
+    close()
+    return out
+
+
 def parse(doc: Doc) -> List[LogEvent]:
     """``kmsg_gpu_lost``, ``kmsg_aer``, ``kmsg_gpu_dev``, ``kmsg_oom_kill``, ``kmsg_hung_task``, ``kmsg_sxid``,
-    ``kmsg_mlx5``."""
-    if not any(g in doc.text for g in _GATE):
+    ``kmsg_mlx5``, ``kmsg_call_trace``."""
+    framed, gated = "+0x" in doc.text, any(g in doc.text for g in _GATE)
+    if not framed and not gated:
         return []
     year = _year(doc)
-    out: List[LogEvent] = []
+    out: List[LogEvent] = _traces(doc, year) if framed else []
+    if not gated:
+        return out
     heads: Dict[int, Tuple[Optional[float], Optional[float], Optional[str]]] = {}
     records = []
     kills: Dict[int, LogEvent] = {}

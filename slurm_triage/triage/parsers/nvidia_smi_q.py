@@ -23,6 +23,8 @@ _SECTION = re.compile(r"^(?P<ind>[ \t]*)(?P<key>[A-Z][\w .()/+\-]*[\w)])\s*$")
 _REASONS = ("clocks throttle reasons", "clocks event reasons")
 # Sections that open a block even without a GPU header (pasted excerpts).
 _ANCHORS = _REASONS + ("ecc errors", "remapped rows", "retired pages", "temperature")
+# "Active", also with a note after it ("Active      (bitmask 0x20)" in hand-annotated pastes); never "Not Active".
+_ACTIVE = re.compile(r"active\b", re.IGNORECASE)
 _MARKERS = ("NVSMI LOG", "Clocks Throttle Reasons", "Clocks Event Reasons", "Remapped Rows", "ECC Errors",
             "Retired Pages", "Retired pages")
 
@@ -119,7 +121,7 @@ def _event(doc: Doc, block: _Block, when: Optional[float]) -> Optional[LogEvent]
             fields[name] = hit[1]
     reasons = [(p, v, ln) for p, (v, ln) in block.values.items()
                if any(p.startswith(r + "/") or ("/" + r + "/") in p for r in _REASONS)]
-    active = [(p.split("/")[-1], ln) for p, v, ln in reasons if v.lower() == "active"]
+    active = [(p.split("/")[-1], ln) for p, v, ln in reasons if _ACTIVE.match(v)]
     if reasons:
         fields["reasons_listed"] = len(reasons)
         fields["reasons_active"] = [_snake(k) for k, _ in active]

@@ -8,6 +8,7 @@ cancelled by srun) point to it with ``caused_by``.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Tuple
 
@@ -98,6 +99,28 @@ def calibrate(root: TriageFinding, others: List[TriageFinding]) -> None:
         root.confidence = CONTESTED
 
 
+ADMITTED_CAUSES: Tuple[Tuple[str, Tuple[str, ...], str], ...] = (
+    (r"^log\.xid\.(?:62|79)(?:\.|$)", ("thermal_power",),
+     "NVIDIA's Xid table counts a thermal issue among the causes of Xid 62 and 79 (and a GPU off the bus "
+     "follows power faults too)"),
+)
+"""(root finding ids, categories that may cause it, why): a loud failure that a quieter finding of such a
+category on the same GPU and node can explain, when that finding is not clearly later."""
+
+
+def _admitted_cause(root: TriageFinding, findings: List[TriageFinding]) -> Optional[TriageFinding]:
+    """The strongest finding that :data:`ADMITTED_CAUSES` lets explain ``root``: a cause (not a
+    consequence, not a guess) of an admitted category, on the root's GPU and node where both name one."""
+    cats = [c for pattern, c, _ in ADMITTED_CAUSES if re.search(pattern, root.id)]
+    if not cats:
+        return None
+    fits = [f for f in findings if f is not root and not f.consequence and not fallback.is_fallback(f)
+            and f.category in cats[0] and f.verdict is not Verdict.OK and _after(root, f)
+            and (f.gpu is None or root.gpu is None or f.gpu == root.gpu)
+            and (f.node is None or root.node is None or f.node == root.node)]
+    return max(fits, key=lambda f: (f.confidence, -_when(f)[0]), default=None)
+
+
 def _symptom_only(root: TriageFinding) -> bool:
     """The root is a communication symptom (collective timeout, reset connection, generic NCCL
     error) and no cause was found: its cause is elsewhere, so the log's words may name it."""
@@ -107,7 +130,8 @@ def _symptom_only(root: TriageFinding) -> bool:
 def correlate(findings: List[TriageFinding]) -> List[TriageFinding]:
     """Rank findings root cause first, its consequences next, then the rest; set ``caused_by``. The
     root is the earliest cause; when no cause carries a time, the order of a paste says nothing, and
-    hardware evidence (tier 0) goes first. A
+    hardware evidence (tier 0) goes first. A loud failure gives way to a finding the paste shows
+    that can cause it (:data:`ADMITTED_CAUSES`); a
     contested root cause is not left confident (:func:`calibrate`); a communication symptom
     without a cause gives way to the cause its log's words point to (:func:`fallback.cause_lean`)."""
     if not findings:
@@ -121,7 +145,12 @@ def correlate(findings: List[TriageFinding]) -> List[TriageFinding]:
     untimed = all(f.first_time is None for f in primaries)
     root = min(primaries, key=lambda f: (f.tier, _when(f)) if untimed else (_when(f), f.tier))
     symptom: Optional[TriageFinding] = None
-    if leans and _symptom_only(root):
+    cause = _admitted_cause(root, findings)
+    if cause is not None:
+        # The loud failure stays, as the consequence of what the paste shows could cause it.
+        symptom, root = root, cause
+        root.evidence["explains"] = symptom.id
+    elif leans and _symptom_only(root):
         # The guess goes first; the symptom the log showed stays, as its consequence.
         symptom, root, findings = root, leans[0], [leans[0]] + findings
         root.evidence["symptom"] = symptom.id

@@ -60,6 +60,12 @@ NODE_REASONS: Tuple[Tuple[str, str, float, str, str], ...] = (
      "check the node's console/BMC log for a crash or power event"),
     (r"^low (?:realmemory|tmpdisk|socket)", "config", 0.6,
      "the node registered fewer resources than slurm.conf declares", "fix the node's line in slurm.conf or the node"),
+    # src/interfaces/gres.c: "%s count reported lower than configured (%lu < %lu)"; sinfo -R cuts it at 20 chars.
+    (r"^gres/\w+ count repor", "config", 0.5,
+     "slurmd found fewer GRES than slurm.conf configures: its GPU detection (gres.conf File=/AutoDetect, a slurmd "
+     "built without NVML, a MIG layout changed) sees fewer devices than Gres= declares, or a GPU went missing",
+     "compare slurmd -G on the node with nvidia-smi -L: when nvidia-smi sees them all, fix gres.conf/slurm.conf "
+     "(or slurmd's NVML support); when it misses one, see that GPU's kernel log"),
     (r"\b(?:xid|gpu|ecc|nvlink|row remap)", "gpu_hardware", 0.5, "the node was drained for a GPU problem",
      "see the GPU evidence on that node (kernel log, nvidia-smi -q) before resuming it"),
 )
@@ -95,6 +101,22 @@ HOT_C = 90.0
 HOT_JUNCTION_C = 105.0
 AT_CAP = 0.98  # power draw within 2 % of the cap: held at its power limit
 
+# Kernel modules of GPU drivers (NVIDIA's open-gpu-kernel-modules kernel-open/*, amdgpu): a call trace through
+# them is a task stuck or crashed in the GPU driver; a hung task's trace so tells a stuck GPU from a hung file system.
+GPU_DRIVER_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nvidia_peermem", "nvidia_fs", "amdgpu")
+
+# Programs that only talk to the GPU driver (NVIDIA's and AMD's management tools and daemons): one of them in
+# uninterruptible sleep (ps STAT D) waits on the driver, i.e. the GPU or its driver stopped answering.
+GPU_TOOLS = re.compile(r"(?:^|/)(?:nvidia-(?:smi|persistenced|docker[\w-]*|container-[\w-]+|cuda-mps-[\w-]+|"
+                       r"fabricmanager)|nv-hostengine|nv-fabricmanager|dcgmi|rocm-smi|amd-smi)(?:\s|$)")
+
+# /dev/shm (parsers/shm.py): full from SHM_FULL_PCT; under SHM_SMALL_MIB DeepSpeed's ds_report warns that it
+# "might be too small" (deepspeed/env_report.py get_shm_size); Docker's default --shm-size is 64 MiB, below what
+# NCCL's shared-memory transport (NCCL_BUFFSIZE, 4 MiB by default, per channel and local peer) and DataLoader
+# workers' shared batches need (NCCL troubleshooting guide, "Sharing Data").
+SHM_FULL_PCT = 95
+SHM_SMALL_MIB = 512.0
+
 # InfiniBand port states (IBTA spec vol. 1 §7.2; ibstat(8)): what a port that is not Active means.
 IB_PROBLEMS: Tuple[Tuple[str, str, str], ...] = (
     ("Disabled", "", "the port is disabled (by an admin or the switch side)"),
@@ -127,8 +149,9 @@ UNKNOWN_ERROR_FIELDS = ("gpu uuid", "serial number", "product name", "temperatur
 _OURS = {"smi_q_gpu", "smi_row", "smi_handle_error", "smi_no_devices", "smi_no_driver", "dcgm_diag_result",
          "dcgm_diag_message", "dcgm_health", "dcgm_health_incident", "slurm_node_reason", "sacct_job",
          "kmsg_gpu_lost", "kmsg_aer", "kmsg_gpu_dev", "kmsg_oom_kill", "kmsg_hung_task", "kmsg_sxid", "kmsg_mlx5",
+         "kmsg_call_trace", "ps_row", "rank_progress",
          "pyspy_thread", "pyspy_error", "fr_missing_ranks", "fr_last_collective", "rocm_row", "ib_port",
-         "gpustat_row"}
+         "gpustat_row", "shm_df", "shm_segment"}
 """The parsers' event kinds (a catalog entry may share a prefix, e.g. ``dcgm_thermal_violation``)."""
 _FALLBACK_KINDS = ("first_error", "first_exception")  # what the fallback pass reads: no judgement of its own
 _COLLECTIVES = {"all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base", "reduce_scatter",
@@ -193,8 +216,9 @@ def smi_clock_events(events: List[LogEvent]) -> List[TriageFinding]:
                   if "sm_mhz" in e.fields and "sm_max_mhz" in e.fields}
         thermal = reason in ("hw_thermal_slowdown", "sw_thermal_slowdown")
         summary = f"{meaning} on {_gpus_text(evs)}"
-        if thermal and temps:
-            summary += "; " + "; ".join(f"{g}: {t}" for g, t in list(temps.items())[:3] if t)
+        shown = [(g, t) for g, t in temps.items() if t]
+        if thermal and shown:
+            summary += "; " + "; ".join(f"{g}: {t}" for g, t in shown[:3])
         out.append(from_events(
             evs, id=f"smi.{'thermal' if thermal else 'power'}.{reason}", category=cat, verdict=verdict,
             confidence=conf, gpu=only(e.gpu for e in evs), node=only(e.node for e in evs), summary=summary,
@@ -414,6 +438,43 @@ def gpustat_orphans(events: List[LogEvent]) -> List[TriageFinding]:
                                                      "util_pct": e.fields["util_pct"]} for e in rows}})]
 
 
+def shm_space(events: List[LogEvent]) -> List[TriageFinding]:
+    """/dev/shm as the paste shows it: full or at Docker's default size (df), or holding NCCL/PSM
+    segments (ls): the cause an NCCL "unhandled system error" or a worker's bus error does not name."""
+    rows = _fresh(events, "shm_df")
+    full = [e for e in rows if e.fields["used_pct"] >= SHM_FULL_PCT]
+    small = [e for e in rows if e not in full and 0 < e.fields.get("size_mib", 0.0) < SHM_SMALL_MIB]
+    action = ("give the job a larger /dev/shm (containers: --shm-size=16g or --ipc=host) and remove stale "
+              "segments (nccl-*, psm_*, torch_*) that ended jobs left there; NCCL_SHM_DISABLE=1 only as a slow "
+              "fallback")
+    out: List[TriageFinding] = []
+    for evs, key, verdict, conf, what in (
+            (full, "full", Verdict.FAIL, 0.6, "full"),
+            (small, "small", Verdict.WARN, 0.5,
+             f"under {SHM_SMALL_MIB:g} MiB (Docker's default --shm-size is 64 MiB)")):
+        if evs:
+            out.append(from_events(
+                evs, id=f"shm.{key}", category="host_resources", verdict=verdict, confidence=conf,
+                node=only(e.node for e in evs), action=action,
+                summary=f"/dev/shm is {what}: " + "; ".join(
+                    f"{e.fields.get('size_mib', 0):g} MiB, {e.fields['used_pct']} % used" for e in evs[:2])
+                    + ": NCCL's intra-node transport and DataLoader workers cannot allocate shared memory",
+                evidence={"size_mib": [e.fields.get("size_mib") for e in evs],
+                          "used_pct": [e.fields["used_pct"] for e in evs]}))
+    segs = of_kind(events, "shm_segment")
+    if len(segs) >= 2:
+        total = sum(e.fields.get("size_mib", 0.0) for e in segs)
+        out.append(from_events(
+            segs, id="shm.segments", category="host_resources", verdict=Verdict.WARN, confidence=0.4,
+            node=only(e.node for e in segs),
+            summary=f"/dev/shm holds {len(segs)} NCCL/PSM shared-memory segments ({total:.0f} MiB): those of "
+                    "processes that have ended are leftovers that fill /dev/shm for the next run",
+            action="check that no running process holds them (lsof /dev/shm/nccl-* /dev/shm/psm_*), remove the stale "
+                   "ones and clean /dev/shm when a job or container ends (Epilog, a fresh --ipc per container)",
+            evidence={"segments": len(segs), "total_mib": round(total, 1)}))
+    return out
+
+
 def ib_ports(events: List[LogEvent]) -> List[TriageFinding]:
     """InfiniBand/RoCE ports that are not Active (ibstat, ibv_devinfo, ibstatus), by what their logical
     and physical states mean; weak when another port in the paste is Active (often a spare port)."""
@@ -613,7 +674,8 @@ def _size(n: float) -> str:
 
 
 def kernel_host(events: List[LogEvent]) -> List[TriageFinding]:
-    """oom-killer and memory-cgroup kills (not already read by the line scanner), hung tasks (D state)."""
+    """oom-killer and memory-cgroup kills (not already read by the line scanner), hung tasks (D state), and
+    call traces through a GPU driver (a hung task waiting there is the GPU's, not a file system's)."""
     out: List[TriageFinding] = []
     kills = _fresh(events, "kmsg_oom_kill")
     for cgroup in (True, False):
@@ -633,6 +695,7 @@ def kernel_host(events: List[LogEvent]) -> List[TriageFinding]:
             action="request more memory (--mem / --mem-per-gpu) or cut host-side buffers (DataLoader workers, "
                    "pinned memory)" if cgroup else "find what used the node's memory; keep jobs within --mem",
             evidence={"processes": procs[:8], "largest_anon_rss_bytes": rss * 1024, "jobs": jobs}))
+    out += _gpu_driver_traces([t for t in of_kind(events, "kmsg_call_trace") if _in_gpu_driver(t)])
     hung = _fresh(events, "kmsg_hung_task")
     if hung:
         procs = sorted({f"{e.fields['comm']}:{e.fields['pid']}" for e in hung})
@@ -645,6 +708,78 @@ def kernel_host(events: List[LogEvent]) -> List[TriageFinding]:
                    "every collective",
             evidence={"processes": procs[:8], "reports": len(hung)}))
     return out
+
+
+def gpu_tools_stuck(events: List[LogEvent]) -> List[TriageFinding]:
+    """ps rows of GPU management tools in uninterruptible sleep (D): they wait on a GPU driver that no
+    longer answers (a hung or lost GPU), which is why nvidia-smi itself "hangs"."""
+    rows = [e for e in of_kind(events, "ps_row")
+            if e.fields["state"] == "D" and GPU_TOOLS.search(str(e.fields["command"]))]
+    if not rows:
+        return []
+    procs = [f"{str(e.fields['command']).split()[0].rsplit('/', 1)[-1]}:{e.fields['pid']}" for e in rows]
+    return [from_events(
+        rows, id="ps.gpu_tools_stuck", category="gpu_hardware", verdict=Verdict.WARN, confidence=0.5,
+        node=only(e.node for e in rows),
+        summary=f"{', '.join(procs[:4])} stuck in uninterruptible sleep (ps STAT D): the GPU driver does not answer",
+        action="look in that node's kernel log for Xid / 'fallen off the bus' / hung-task traces in nvidia modules; "
+               "the processes cannot be killed: drain the node and reboot it",
+        evidence={"processes": procs[:8]})]
+
+
+def ranks_out_of_step(events: List[LogEvent]) -> List[TriageFinding]:
+    """Ranks whose last progress lines stopped at different counts of one counter: they fell out of step,
+    and the ones ahead wait in a collective for those behind. Weak and ranked after any cause: a log cut
+    while every rank still runs shows the same."""
+    out: List[TriageFinding] = []
+    by_counter: Dict[str, List[LogEvent]] = {}
+    for e in of_kind(events, "rank_progress"):
+        by_counter.setdefault(str(e.fields["counter"]), []).append(e)
+    for counter, evs in by_counter.items():
+        values = {e.rank: int(e.fields["value"]) for e in evs}
+        if len(values) < 2 or len(set(values.values())) < 2:
+            continue
+        behind = min(values.values())
+        ranks = sorted(values, key=lambda r: (values[r], r))
+        out.append(from_events(
+            evs, id=f"progress.out_of_step.{counter}", category="collective_hang", verdict=Verdict.WARN,
+            confidence=0.3, consequence=True,
+            summary=f"the ranks' last {counter} lines disagree ("
+                    + ", ".join(f"rank {r} at {values[r]}" for r in ranks[:4])
+                    + f"): rank(s) {ranks_text([r for r in ranks if values[r] == behind])} fell behind, the others "
+                      "wait for them in a collective",
+            action="find why the ranks behind stopped (py-spy dump of each rank) or why their loops ran a different "
+                   "number of steps (unequal data shards, a rank-dependent branch)",
+            evidence={"counter": counter, "last": {str(r): values[r] for r in ranks}}))
+    return out
+
+
+def _in_gpu_driver(trace: LogEvent) -> bool:
+    """The trace's top frame, or two of its frames, lie in a GPU driver's module."""
+    mods = [str(m) for m in trace.fields.get("modules", [])]
+    return bool(mods) and (mods[0] in GPU_DRIVER_MODULES or sum(m in GPU_DRIVER_MODULES for m in mods) >= 2)
+
+
+def _trace_text(trace: LogEvent) -> str:
+    pairs = [(str(f), str(m)) for f, m in zip(trace.fields.get("functions", []), trace.fields.get("modules", []))]
+    first = next(((f, m) for f, m in pairs if m in GPU_DRIVER_MODULES), pairs[0])
+    return f"{first[0]} [{first[1]}]"
+
+
+def _gpu_driver_traces(traces: List[LogEvent]) -> List[TriageFinding]:
+    """Call traces through a GPU driver, with or without the report they belong to: a task (a hung task's,
+    whose report alone reads as a file system's) stuck or crashed inside the GPU driver."""
+    if not traces:
+        return []
+    return [from_events(
+        traces, id="kmsg.gpu_driver_trace", category="gpu_hardware", verdict=Verdict.WARN, confidence=0.45,
+        node=only(e.node for e in traces),
+        summary=f"a kernel call trace runs through the GPU driver ({_trace_text(traces[0])}): a task is stuck or "
+                "crashed inside it",
+        action="check that node's kernel log around it for Xid lines; reset the GPU (nvidia-smi -r) or reboot the "
+               "node and drain it until then; a trace that recurs in one driver function is a driver bug: update "
+               "the driver",
+        evidence={"traces": len(traces), "frames": [_trace_text(t) for t in traces[:4]]})]
 
 
 def kernel_fabric(events: List[LogEvent]) -> List[TriageFinding]:
@@ -824,6 +959,9 @@ RULES: Tuple[Rule, ...] = (
     Rule("table.heat", ("thermal_power",), table_heat),
     Rule("ib.ports", ("network",), ib_ports),
     Rule("gpustat.unowned", ("host_resources",), gpustat_orphans),
+    Rule("shm.space", ("host_resources",), shm_space),
+    Rule("ps.gpu_tools", ("gpu_hardware",), gpu_tools_stuck),
+    Rule("progress.out_of_step", ("collective_hang",), ranks_out_of_step),
     Rule("dcgm.diag", ("gpu_hardware", "thermal_power", "config", "network"), dcgm_results),
     Rule("slurm.reason", ("scheduler", "config", "gpu_hardware"), node_reasons),
     Rule("sacct.state", ("scheduler", "memory"), sacct_states),
