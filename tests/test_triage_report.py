@@ -50,9 +50,10 @@ def test_no_known_shape_names_the_first_error(tmp_path: Path) -> None:
                  "ZeroDivisionError: division by zero\nsrun: error: n1: task 0: Exited with exit code 1\n")
     r = triage_logs([str(p)])
     (f,) = r.findings
-    assert (f.category, f.id, f.confidence) == (FALLBACK, "log.first_error", 0.2)
+    assert f.id == "log.first_error" and f.confidence <= 0.2
+    assert f.category == f.evidence.get("prior", {}).get("guess", FALLBACK)  # only the word prior may guess here
     assert "ZeroDivisionError: division by zero" in f.summary and f.evidence["first_line"] == f"{p}:4"
-    assert render_text(r).startswith("triage of logs\n\nFIRST ERROR [unknown]")
+    assert render_text(r).startswith(f"triage of logs\n\nFIRST ERROR [{f.category}]")
     assert "## First error (no known signature)" in render_markdown(r)
 
 
