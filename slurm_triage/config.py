@@ -422,26 +422,19 @@ def _remember(path: str, st: os.stat_result, values: Dict[str, Dict[str, Any]], 
     cache = _cache_path(path)
     if cache is None or time.time() - max(st.st_mtime, st.st_ctime) < RACY_SECONDS:
         return
+    from .sinks.atomic import write_atomic
+
     directory = os.path.dirname(cache)
-    tmp = f"{cache}.{os.getpid()}.tmp"
     try:
         try:
             os.mkdir(directory, 0o700)
         except FileExistsError:
             pass
-        if not _owned_by_me(os.lstat(directory), stat.S_IFDIR):
-            return
-        data = json.dumps({"schema": CACHE_SCHEMA, "key": _cache_key(st), "values": values,
-                           "warnings": warnings}).encode()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, cache)
+        if _owned_by_me(os.lstat(directory), stat.S_IFDIR):
+            write_atomic(cache, json.dumps({"schema": CACHE_SCHEMA, "key": _cache_key(st), "values": values,
+                                            "warnings": warnings}).encode(), fsync=False)
     except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        pass  # no cache: the next hook parses again
 
 
 def load(explicit: Optional[str] = None, fail_open: bool = False, node: Optional[str] = None,

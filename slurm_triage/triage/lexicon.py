@@ -9,6 +9,7 @@ the lines around the first errors, or the head of a paste without any error line
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -136,15 +137,10 @@ def load(path: Path = PATH) -> Lexicon:
     return Lexicon(groups, {t: tuple(v) for t, v in by_word.items()}, checks, needles)
 
 
-_LEXICON: Optional[Lexicon] = None
-
-
+@functools.lru_cache(maxsize=None)
 def lexicon() -> Lexicon:
     """The package's lexicon, loaded once per process."""
-    global _LEXICON
-    if _LEXICON is None:
-        _LEXICON = load()
-    return _LEXICON
+    return load()
 
 
 _FRAME = re.compile(r'^(?:\S+:\s?)?\s*File "[^"]*", line \d+')

@@ -12,6 +12,7 @@ Its confidence (CONFIDENCE) is below every rule's, and correlate never ranks it 
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -177,15 +178,10 @@ def load(path: Path = PATH) -> PriorTable:
     return PriorTable(dict(idf), {c: dict(ws) for c, ws in weights.items()}, float(margin), dict(header))
 
 
-_TABLE: Optional[PriorTable] = None
-
-
+@functools.lru_cache(maxsize=None)
 def table() -> PriorTable:
     """The package's table, loaded once per process."""
-    global _TABLE
-    if _TABLE is None:
-        _TABLE = load()
-    return _TABLE
+    return load()
 
 
 def scores(present: Iterable[str], tab: PriorTable) -> Dict[str, float]:
