@@ -400,8 +400,8 @@ def collect(cfg: Config) -> Dict[str, Any]:
             continue  # a listener outside any job (sshd, a dashboard) shows in `listeners` only
         if others and table is None:
             table = _inet_table(proc)
-        tcp = sum(1 for inode in others if table and inode in table)
-        nunix = sum(1 for inode in others if not (table and inode in table) and inode in unix)
+        tcp = sum(1 for inode in others if inode in table)  # others is empty while table is None
+        nunix = sum(1 for inode in others if inode not in table and inode in unix)
         row: Dict[str, Any] = {
             "pid": p.pid, "ppid": p.ppid, "uid": p.uid, "start_time": p.start, "start_ticks": p.ticks,
             "comm": p.comm,

@@ -111,6 +111,19 @@ def _left(deadline: float) -> float:
     return deadline - time.monotonic()
 
 
+def _flock(fd: int, wait: float) -> bool:
+    """Take the exclusive flock on ``fd``, polling up to ``wait`` seconds; False if it stayed held."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+
+
 class Spool:
     def __init__(self, directory: str, max_files: int, max_bytes: int = 1 << 62):
         self.directory, self.max_files, self.max_bytes = directory, max_files, max_bytes
@@ -146,23 +159,15 @@ class Spool:
         if self.directory in _HELD:
             yield True
             return
-        os.makedirs(self.directory, mode=0o700, exist_ok=True)
-        fd = os.open(self._path(LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = self._lock_fd()
         try:
-            deadline = time.monotonic() + wait
-            got = False
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    got = True
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        break
-                    time.sleep(0.02)
-            yield got
+            yield _flock(fd, wait)
         finally:
             os.close(fd)  # releases the flock
+
+    def _lock_fd(self) -> int:
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        return os.open(self._path(LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
 
     def _size(self, name: str) -> int:
         try:
@@ -224,18 +229,10 @@ class Spool:
         what this process spools later is ordered as of then. A hook's background publisher
         holds it before the hook exits, so the Epilog's DELETE of the same group cannot
         overtake the Prolog's PUT: it waits for the lock, or queues behind it."""
-        os.makedirs(self.directory, mode=0o700, exist_ok=True)
-        fd = os.open(self._path(LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        deadline = time.monotonic() + wait
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    os.close(fd)
-                    return False
-                time.sleep(0.02)
+        fd = self._lock_fd()
+        if not _flock(fd, wait):
+            os.close(fd)
+            return False
         names = self.entries()
         ns = time.time_ns()
         if names:

@@ -48,6 +48,18 @@ def bus_id(text: str) -> Optional[str]:
         return None
 
 
+BYTES_PER_UNIT = {"bytes": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50,
+                  "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
+                  "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "TB": 10 ** 12}
+"""Size units as tools print them: coreutils' single letters (df -h, ls -lh) and IEC names are powers of
+1024, PyTorch's "KB/MB/GB" powers of 1000."""
+
+
+def size_bytes(value: str, unit: str) -> float:
+    """``value`` (``"1.3"``, ``"64,5"``) ``unit`` (a BYTES_PER_UNIT key) in bytes."""
+    return float(value.replace(",", ".")) * BYTES_PER_UNIT[unit]
+
+
 def number(text: str) -> Optional[float]:
     """The first number in ``text`` ("89 C", "67.97 W", "N/A" -> None)."""
     m = _NUMBER.search(text or "")

@@ -11,14 +11,13 @@ import re
 from typing import List, Optional
 
 from ..model import LogEvent
-from .base import Doc
+from .base import Doc, size_bytes
 
 _SIZE = r"\d+(?:[.,]\d+)?[KMGTP]?i?B?"
 _DF = re.compile(rf"^\s*(?P<fs>\S+)\s+(?:[a-z][\w.]*\s+)?(?P<size>{_SIZE})\s+(?P<used>{_SIZE})\s+"
                  rf"(?P<avail>{_SIZE})\s+(?P<pct>\d+)%\s+/dev/shm/?\s*$")
 _LS = re.compile(r"^\s*-[rwxsStT-]{9}[.+@]?\s+\d+\s+\S+\s+\S+\s+(?P<size>\d+(?:[.,]\d+)?[KMGTP]?)\s+"
                  r"\w{3}\s+\d+\s+[\d:]+\s+(?:/dev/shm/)?(?P<name>nccl-\w{6}|psm2?_\w+)\s*$")
-_UNITS = {"B": 1.0 / (1 << 20), "K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 ** 2, "P": 1024.0 ** 3}
 
 
 def mib(text: str, bare_unit: str = "K") -> Optional[float]:
@@ -26,7 +25,7 @@ def mib(text: str, bare_unit: str = "K") -> Optional[float]:
     m = re.match(r"(\d+(?:[.,]\d+)?)([KMGTP]?)", text)
     if not m:
         return None
-    return float(m[1].replace(",", ".")) * _UNITS[m[2] or bare_unit]
+    return size_bytes(m[1], m[2] or bare_unit) / (1 << 20)
 
 
 def parse(doc: Doc) -> List[LogEvent]:

@@ -18,6 +18,7 @@ from typing import Dict, List, Optional
 
 from ...model import Verdict
 from ..model import LogEvent, TriageFinding, from_events
+from ..parsers.base import size_bytes
 from .catalog import entries
 
 _SIZE = r"([\d.]+) ?(bytes|[KMGT]i?B)"
@@ -28,8 +29,6 @@ _ALLOCATED = re.compile(r"Of the allocated memory " + _SIZE + r" is allocated by
                         + r" is reserved by PyTorch but unallocated")
 _OLD = re.compile(r"\(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; " + _SIZE
                   + r" free; " + _SIZE + r" (reserved in total by PyTorch|cached)")
-_UNIT = {"bytes": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
-         "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "TB": 10 ** 12}
 CONTEXT_GIB = 0.5
 """What this process holds beyond PyTorch's own figures (its CUDA context, cuBLAS workspaces)."""
 HELD_SHARE = 0.5
@@ -38,7 +37,7 @@ FINDING = "log.oom.cuda"
 
 
 def _gib(number: str, unit: str) -> float:
-    return float(number) * _UNIT[unit] / (1 << 30)
+    return size_bytes(number, unit) / (1 << 30)
 
 
 def figures(text: str) -> Optional[Dict[str, object]]:
