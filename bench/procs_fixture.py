@@ -11,10 +11,12 @@ Run directly to time ``collect()``: ``python bench/procs_fixture.py 2000``.
 """
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
-from typing import List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lab"))
 from labctl import publisher_pids  # noqa: E402,F401 (what the benches and tests that use this module wait for)
@@ -146,6 +148,39 @@ class JobProcess:
             self._proc = None
         if self.ipc_path and os.path.lexists(self.ipc_path):
             os.unlink(self.ipc_path)
+
+_IN_NETNS = r"""
+import json, sys
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/bench"]
+from procs_fixture import JobProcess
+from slurm_triage.collect import procs
+from slurm_triage.config import Config, defaults
+values = defaults()
+values["node"]["name"] = "thisnode"
+values["procs"].update(json.loads(sys.argv[3]))
+with JobProcess(sys.argv[2], bind="0.0.0.0") as rank:
+    facts = procs.collect(Config(values))
+print(json.dumps({"pid": rank.pid, "port": rank.port, "procs": facts}))
+"""
+
+
+def wildcard_listener_facts(job_id: str, procs_keys: Dict[str, Any]) -> Optional[Tuple[Dict[str, Any], int, int]]:
+    """``procs.collect`` with a job rank listening on 0.0.0.0, both inside a network namespace made for
+    the call (``unshare --net``: only a loopback that is down), so the wildcard listener reaches
+    nobody. Returns (procs facts, rank pid, port); None where no namespace can be made (not root,
+    no unshare, a container that forbids it)."""
+    unshare = shutil.which("unshare")
+    if os.geteuid() != 0 or unshare is None:
+        return None
+    if subprocess.run([unshare, "--net", "--", "true"], capture_output=True, timeout=30).returncode != 0:
+        return None
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run = subprocess.run([unshare, "--net", "--", sys.executable, "-I", "-c", _IN_NETNS, root, job_id,
+                          json.dumps(procs_keys)], capture_output=True, text=True, timeout=60)
+    if run.returncode != 0:
+        raise RuntimeError(f"collect in a network namespace failed ({run.returncode}): {run.stderr[-2000:]}")
+    out = json.loads(run.stdout)
+    return out["procs"], out["pid"], out["port"]
 
 
 def _main() -> None:
