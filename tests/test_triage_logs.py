@@ -1,12 +1,14 @@
 """The log reader on hostile input: gzip, NUL bytes, invalid UTF-8, huge lines, block boundaries."""
 from __future__ import annotations
 
+import gc
 import gzip
 import os
 import subprocess
+import warnings
 from pathlib import Path
 
-from slurm_triage.triage import logs
+from slurm_triage.triage import logs, triage_logs
 from slurm_triage.triage.logs import parse_time, scan, scan_many
 
 # Real line shapes (sources in tests/corpus/*/meta.json).
@@ -33,6 +35,22 @@ def test_gzip_is_detected_by_magic_not_name(tmp_path: Path) -> None:
     p.write_bytes(gzip.compress(STEP + b"\n" + CANCEL + b"\n"))
     events, _ = scan(str(p))
     assert [(e.kind, e.line) for e in events] == [("slurm_cancel", 2)]
+
+
+def test_reading_logs_leaves_no_file_or_pipe_to_the_garbage_collector(tmp_path: Path) -> None:
+    """Every descriptor a triage opens (a gzip log's file, grep's pipes) is closed by the code that opened
+    it: a long-lived MCP server must not leak one per log it reads."""
+    gz, plain = tmp_path / "job.out.gz", tmp_path / "job.out"
+    gz.write_bytes(gzip.compress(STEP + b"\n" + CANCEL + b"\n"))
+    plain.write_bytes(b"\x1b[1m" + STEP + b"\x1b[0m\n" + CANCEL + b"\n")  # coloured: grep reads it from a pipe
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        for path in (gz, plain):
+            assert [e.kind for e in scan(str(path))[0]] == ["slurm_cancel"]
+            assert [e.kind for e in scan(str(path), prefilter=False)[0]] == ["slurm_cancel"]
+            assert triage_logs([str(path)]).findings
+        gc.collect()
+    assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
 
 
 def test_nul_invalid_utf8_and_binary_garbage(tmp_path: Path) -> None:

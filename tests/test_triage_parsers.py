@@ -464,8 +464,9 @@ def test_triage_judges_each_line_once_and_names_the_cause_first() -> None:
 
 def test_captures_of_one_format_yield_no_events_of_another() -> None:
     """A paste of one tool's output does not look like another's to the parsers."""
-    prefix = {"nvidia_smi_q": ("smi_q_",), "nvidia_smi": ("smi_row", "smi_handle", "smi_no"), "infiniband": ("ib_",),
-              "dcgmi": ("dcgm_",), "slurm": ("slurm_", "sacct_"), "pyspy": ("pyspy_",), "flight_recorder": ("fr_",)}
+    prefix = {"nvidia_smi_q": ("smi_q_",), "nvidia_smi": ("smi_row", "smi_processes", "smi_handle", "smi_no"),
+              "infiniband": ("ib_",), "dcgmi": ("dcgm_",), "slurm": ("slurm_", "sacct_"), "pyspy": ("pyspy_",),
+              "flight_recorder": ("fr_",)}
     for fmt, allowed in prefix.items():
         for path in (DATA / fmt).iterdir():
             other = {e.kind for e in parsers.parse_file(str(path))

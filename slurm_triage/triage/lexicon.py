@@ -22,6 +22,7 @@ try:
 except ModuleNotFoundError:  # Python < 3.11
     import tomli as tomllib  # type: ignore[no-redef]
 
+from .decoration import undecorate
 from .model import CATEGORIES, LogEvent
 
 PATH = Path(__file__).resolve().parent / "lexicon.toml"
@@ -149,6 +150,10 @@ _DUMP_HEADER = re.compile(r'^\s*(?:Thread (?:0x[0-9A-Fa-f]+|\d+) \([\w+ ]+\)(?::
                           r'|Process \d+: |Python v\d)')
 """A stack dump's own headers (py-spy's ``Thread 46 (idle): "MainThread"``, ``Process N:``, ``Python v3``;
 faulthandler's ``Thread 0x... (most recent call first):``): the dump's layout, not thread exhaustion."""
+_TABLE_HEADER = re.compile(r"^\s*\|?\s*(?:NVIDIA-SMI \d|GPU\s+Name\s|Fan\s+Temp\s+Perf|Processes:|GPU\s+(?:GI\s+CI\s+)?PID\s"
+                           r"|(?:GPU|Device)\s+(?:Node\s+IDs\s+)?Temp\s)")
+"""A GPU table's own column headers (nvidia-smi's ``Driver Version`` / ``Volatile Uncorr. ECC`` / ``Fan  Temp``
+rows, rocm-smi's ``GPU  Temp  AvgPwr ... Fan``): printed by every table, healthy or not, so no signal."""
 _DUMP_FRAME = re.compile(r"^\s*(?P<func>[\w.<>]+) \([^()\s]+:\d+\)\s*$")
 """A py-spy frame, ``    wait (threading.py:324)`` (its indent may be stripped already): its function names
 what a thread does, its file path does not."""
@@ -183,9 +188,10 @@ def _other_signal(text: str) -> bool:
 def words_in(text: str, lex: Optional[Lexicon] = None) -> List[str]:
     """The lexicon terms in ``text`` (as written in the lexicon), in order of appearance, each once; none
     for a traceback's ``File "...", line N`` frame lines (paths and function names are not the failure)
-    nor for a stack dump's thread and process headers (the frames under them do count)."""
+    nor for a stack dump's thread and process headers (the frames under them do count), nor for a GPU table's
+    column headers."""
     lex = lex or lexicon()
-    if _FRAME.match(text) or _DUMP_HEADER.match(text):
+    if _FRAME.match(text) or _DUMP_HEADER.match(text) or _TABLE_HEADER.match(text):
         return []
     frame = _DUMP_FRAME.match(text)
     if frame:
@@ -336,7 +342,8 @@ def hits(path: str, file_index: int = 0, near: Sequence[int] = (), window: int =
     lines = _range_lines(path, _ranges(near, window)) if near else _head_lines(path, lex.needles, HEAD_BYTES)
     out: List[LogEvent] = []
     for n, raw in lines:
-        text = raw[:MAX_LINE_CHARS * 4].replace(b"\x00", b"").decode("utf-8", "replace").strip()[:MAX_LINE_CHARS]
+        text = undecorate(raw[:MAX_LINE_CHARS * 4].replace(b"\x00", b"").decode("utf-8", "replace"))[0]
+        text = text.strip()[:MAX_LINE_CHARS]
         words = words_in(text, lex)
         if not words:
             continue

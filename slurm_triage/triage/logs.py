@@ -23,11 +23,13 @@ from typing import IO, Callable, Dict, Iterable, List, Optional, Tuple
 
 from . import catalog
 from .catalog import Entry
+from .decoration import strip_ansi, strip_ansi_bytes, undecorate
 from .model import LogEvent
 
 BLOCK_BYTES = 4 << 20
 MAX_LINE_BYTES = 16 << 10   # a line is cut to this window around the hit
 MAX_CARRY_BYTES = 1 << 20   # a "line" longer than this is split (garbage without newlines)
+COLOUR_SNIFF_BYTES = 64 << 10  # a log with an escape code in this head is read without its colour codes
 MAX_EVENTS_PER_KIND = 5000  # keeps memory bounded on pathological logs; the rest is counted
 GREP_PATHS = ("/usr/bin/grep", "/bin/grep")
 WC_PATHS = ("/usr/bin/wc", "/bin/wc")
@@ -137,40 +139,44 @@ def parse_line(text: str, source: str, line: int, file_index: int = 0,
     year it revealed."""
     events: List[LogEvent] = []
     year_seen: Optional[int] = None
-    low = text.lower()
+    body, label_rank = undecorate(text)  # what the entries' regexes are written for
+    low = body.lower()
     for entry, needles in INDEX.gates:
-        hay = low if entry.nocase else text
+        hay = low if entry.nocase else body
         if not any(n in hay for n in needles):
             continue
-        m = entry.regex.search(text)
+        m = entry.regex.search(body)
         if not m:
             continue
         if not events:
-            t, year_seen = parse_time(text, year_hint)
+            t, year_seen = parse_time(strip_ansi(text), year_hint)  # a collector's stamp is a time too
         fields = _int_fields(m.groupdict())
         node, rank, gpu = _special(fields)
-        pm = _NCCL_PREFIX.search(text)
+        pm = _NCCL_PREFIX.search(body)
         if pm:
             node = node or pm["host"]
             gpu = gpu or pm["dev"]
-        sm = None if node else _SYSLOG_HOST.match(text)
+        sm = None if node else _SYSLOG_HOST.match(body)
         if sm:
             node = sm["host"]
         if rank is None:
             rm = _RANK.search(text)
-            rank = int(rm["rank"]) if rm else None
-        clean = text.strip()
+            rank = int(rm["rank"]) if rm else label_rank
+        clean = strip_ansi(text).strip()  # the evidence keeps the rank label, not the colours
         events.append(LogEvent(entry.id, source, line, clean[:400], t, node, rank, gpu, fields, file_index))
     return events, year_seen
 
 
 def open_log(path: str) -> IO[bytes]:
-    """A binary stream of the log; gzip is recognized by its magic bytes, not the name."""
+    """A binary stream of the log; gzip is recognized by its magic bytes, not the name. Closing it
+    closes the file (a GzipFile over a ``fileobj`` would leave that open: a descriptor per read log
+    in a long-lived MCP server)."""
     fh = open(path, "rb")
     magic = fh.read(2)
     fh.seek(0)
     if magic == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=fh, mode="rb")  # type: ignore[return-value]
+        fh.close()
+        return gzip.open(path, "rb")  # type: ignore[return-value]
     return fh
 
 
@@ -253,6 +259,15 @@ def _window(line: bytes) -> bytes:
     return line[lo:lo + MAX_LINE_BYTES]
 
 
+def _coloured(path: str) -> bool:
+    """True when the log's head holds escape codes (a coloured log is coloured from its start)."""
+    with open_log(path) as fh:
+        try:
+            return b"\x1b" in fh.read(COLOUR_SNIFF_BYTES)
+        except (EOFError, zlib.error):
+            return False  # a broken gzip: the scan reports it
+
+
 def _last_byte(path: str) -> bytes:
     with open(path, "rb") as fh:
         fh.seek(0, os.SEEK_END)
@@ -270,11 +285,12 @@ def _grep_argv(grep: str, target: str) -> List[str]:
 
 
 class _Feeder(threading.Thread):
-    """Decompresses a gzip log into grep's stdin and counts its bytes, lines and last byte."""
+    """Decompresses a gzip log (and takes the colour codes out of a coloured one) into grep's stdin,
+    and counts its bytes, lines and last byte."""
 
-    def __init__(self, path: str, sink: IO[bytes]):
+    def __init__(self, path: str, sink: IO[bytes], colour: bool = False):
         super().__init__(daemon=True)
-        self.path, self.sink = path, sink
+        self.path, self.sink, self.colour = path, sink, colour
         self.bytes = self.newlines = 0
         self.last = b""
         self.error: Optional[BaseException] = None
@@ -289,7 +305,7 @@ class _Feeder(threading.Thread):
                     self.bytes += len(block)
                     self.newlines += block.count(b"\n")
                     self.last = block[-1:]
-                    self.sink.write(block)
+                    self.sink.write(strip_ansi_bytes(block) if self.colour else block)
         except (OSError, EOFError, zlib.error) as e:  # a broken pipe, or a corrupt gzip stream
             self.error = e if isinstance(e, OSError) else OSError(f"{type(e).__name__}: {e}")
         finally:
@@ -300,18 +316,20 @@ class _Feeder(threading.Thread):
 
 
 def _scan_grep(grep: str, wc_bin: str, path: str, file_index: int, source: str,
-               progress: Optional[Callable[[str, int], None]], gz: bool = False) -> Tuple[List[LogEvent], ScanStats]:
+               progress: Optional[Callable[[str, int], None]], gz: bool = False,
+               colour: bool = False) -> Tuple[List[LogEvent], ScanStats]:
     """The candidate lines from ``grep``; only they are parsed in Python. A gzip log is decompressed
-    here and piped through grep, so compressed logs get the same speed."""
+    here and piped through grep, so compressed logs get the same speed; so is a coloured one, without
+    its escape codes (they split the needles: ``NCCL \x1b[33mWARN``)."""
     if not os.access(path, os.R_OK):
         open(path, "rb").close()  # raises the same OSError the pure scanner would
     sink = _Sink(source, file_index)
     wc = feeder = None
-    if gz:
+    if gz or colour:
         proc = subprocess.Popen(_grep_argv(grep, "-"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, env=_TOOL_ENV, cwd="/")
         assert proc.stdin is not None
-        feeder = _Feeder(path, proc.stdin)
+        feeder = _Feeder(path, proc.stdin, colour)
         feeder.start()
     else:
         # Lines are counted by wc on the other core while grep runs (both SIMD memchr loops;
@@ -320,21 +338,22 @@ def _scan_grep(grep: str, wc_bin: str, path: str, file_index: int, source: str,
                               env=_TOOL_ENV, cwd="/")
         proc = subprocess.Popen(_grep_argv(grep, path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env=_TOOL_ENV, cwd="/")
-    assert proc.stdout is not None
-    carry = b""
-    while True:
-        chunk = proc.stdout.read(1 << 20)
-        buf = carry + chunk if carry else chunk
-        parts = buf.split(b"\n")
-        carry = parts.pop() if chunk else b""
-        for rec in parts:
-            num, _, line = rec.partition(b":")
-            if num.isdigit() and _holds_needle(line):
-                sink.line(_window(line), int(num))
-        if not chunk:
-            break
-    err = proc.stderr.read() if proc.stderr else b""
-    rc = proc.wait()
+    assert proc.stdout is not None and proc.stderr is not None
+    with proc:  # closes grep's pipes and reaps it, also when a line's parse raises
+        carry = b""
+        while True:
+            chunk = proc.stdout.read(1 << 20)
+            buf = carry + chunk if carry else chunk
+            parts = buf.split(b"\n")
+            carry = parts.pop() if chunk else b""
+            for rec in parts:
+                num, _, line = rec.partition(b":")
+                if num.isdigit() and _holds_needle(line):
+                    sink.line(_window(line), int(num))
+            if not chunk:
+                break
+        err = proc.stderr.read()
+    rc = proc.returncode
     if feeder is not None:
         feeder.join()
         if feeder.error is not None:
@@ -364,8 +383,9 @@ def scan(path: str, file_index: int = 0, source: Optional[str] = None,
     source = source or path
     path = os.path.abspath(path)  # grep and wc run with cwd "/"
     grep, wc = grep_binary(), _binary(WC_PATHS)
+    colour = _coloured(path)
     if grep and wc and prefilter:
-        return _scan_grep(grep, wc, path, file_index, source, progress, gz=_is_gzip(path))
+        return _scan_grep(grep, wc, path, file_index, source, progress, gz=_is_gzip(path), colour=colour)
     sink = _Sink(source, file_index)
     stats = sink.stats
     lineno = 1
@@ -385,6 +405,8 @@ def scan(path: str, file_index: int = 0, source: Optional[str] = None,
                     continue
                 cut = cut or len(buf)  # an over-long line is split; its line number stays
                 data, carry = buf[:cut], buf[cut:]
+            if colour:
+                data = strip_ansi_bytes(data)  # no newline goes: the line numbers stay
             hits = _block_hits(data) if data else {}
             pos = 0
             for start in sorted(hits):
@@ -524,7 +546,8 @@ def error_lines(path: str, file_index: int = 0, source: Optional[str] = None) ->
     want = {"first_exception", "first_error"}
     year: Optional[int] = None
     for n, raw in _errorish_lines(path):
-        full = raw.replace(b"\x00", b"").decode("utf-8", "replace").rstrip("\r\n")
+        line = raw.replace(b"\x00", b"").decode("utf-8", "replace").rstrip("\r\n")
+        full, label_rank = undecorate(line)
         text = full.strip()
         kind = None
         m = _EXCEPTION.search(full)
@@ -541,8 +564,9 @@ def error_lines(path: str, file_index: int = 0, source: Optional[str] = None) ->
         t, y = parse_time(text, year)
         year = y or year
         fields: Dict[str, object] = {"exception": m["exc"]} if m and kind == "first_exception" else {}
-        rm = _RANK.search(text)
-        out.append(LogEvent(kind, source, n, text[:400], t, None, int(rm["rank"]) if rm else None, None,
+        rm = _RANK.search(line)
+        out.append(LogEvent(kind, source, n, strip_ansi(line).strip()[:400], t, None,
+                            int(rm["rank"]) if rm else label_rank, None,
                             fields, file_index))
         want.discard(kind)
         if not want:

@@ -6,7 +6,7 @@ UTF-8 replaced, lines cut at ``MAX_LINE_CHARS``) and hands the lines to every fo
 file may hold several outputs one after another, or mixed with job output. Each module returns
 facts as :class:`LogEvent` (kinds ``smi_q_*``, ``smi_*``, ``rocm_row``, ``dcgm_*``, ``slurm_*``,
 ``sacct_*``, ``kmsg_*``, ``ib_port``, ``gpustat_row``, ``pyspy_*``, ``fr_*``, ``shm_*``, ``ps_row``,
-``rank_progress``);
+``rank_progress``, ``log_stall``);
 :mod:`slurm_triage.triage.rules.structured` judges them.
 """
 from __future__ import annotations
@@ -15,10 +15,11 @@ import gzip
 import zlib
 from typing import Callable, List, Tuple
 
+from ..decoration import undecorate
 from ..logs import open_log
 from ..model import LogEvent
 from . import (dcgmi, flight_recorder, gpustat, infiniband, kernel, nvidia_smi, nvidia_smi_q, progress, ps, pyspy,
-               rocm_smi, shm, slurm)
+               rocm_smi, shm, slurm, stall)
 from .base import Doc
 
 MAX_BYTES = 4 << 20
@@ -39,6 +40,7 @@ FORMATS: Tuple[Tuple[str, Callable[[Doc], List[LogEvent]]], ...] = (
     ("shm", shm.parse),
     ("ps", ps.parse),
     ("progress", progress.parse),
+    ("stall", stall.parse),
 )
 
 
@@ -66,8 +68,10 @@ def read_lines(path: str) -> List[str]:
 
 
 def parse_lines(lines: List[str], source: str, file_index: int = 0) -> List[LogEvent]:
-    """Every format's events over already decoded ``lines``, in line order."""
-    doc = Doc(source, lines, file_index)
+    """Every format's events over already decoded ``lines``, in line order; colours and launcher
+    labels come off first (the formats' layouts are the programs' own)."""
+    bare = [undecorate(line) for line in lines]
+    doc = Doc(source, [b for b, _ in bare], file_index, [r for _, r in bare])
     events: List[LogEvent] = []
     for _, fn in FORMATS:
         events.extend(fn(doc))

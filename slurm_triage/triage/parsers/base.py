@@ -6,7 +6,7 @@ many lines; it emits facts as :class:`LogEvent` with 1-based line numbers, never
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, List, Optional
 
@@ -20,11 +20,14 @@ _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
 
 @dataclass
 class Doc:
-    """One file's decoded lines (``lines[0]`` is line 1) and where its events come from."""
+    """One file's decoded lines (``lines[0]`` is line 1) as their programs wrote them, the rank that
+    each line's launcher label named (``ranks``, :mod:`..decoration`; empty when not known), and
+    where its events come from."""
 
     source: str
     lines: List[str]
     file_index: int = 0
+    ranks: List[Optional[int]] = field(default_factory=list)
 
     @cached_property
     def text(self) -> str:

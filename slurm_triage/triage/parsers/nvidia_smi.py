@@ -35,6 +35,11 @@ _HANDLE = re.compile(r"Unable to (?:determine|detect) the device handle for (?:G
                      r"(?P<bus>[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]):\s*(?P<error>[^\r\n]+?)\s*$")
 _NO_DEVICES = re.compile(r"^\s*No devices were found\s*$")
 _FAILED_NVML = re.compile(r"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver")
+_PROCESSES = re.compile(r"^\|\s*Processes:")
+_PROCESS_ROW = re.compile(r"^\|\s+\d+\s.*\s(?:C|G|C\+G|M|M\+C)\s+\S.*\|\s*$")
+_TABLE_END = re.compile(r"^\+-{20,}\+\s*$")
+"""The table's ``Processes:`` section: one row per process (``|  0   12345   C   python   1234MiB |``), or
+``No running processes found``, closed by a ``+----+`` rule."""
 
 
 def _value(cell: str) -> Optional[float]:
@@ -164,10 +169,25 @@ def _query_csv(doc: Doc) -> List[LogEvent]:
 
 def parse(doc: Doc) -> List[LogEvent]:
     """``smi_row`` per table GPU (and per GPU of ``--query-gpu`` csv rows, with their ``smi_q_gpu``);
-    ``smi_handle_error``, ``smi_no_devices``, ``smi_no_driver`` lines."""
+    ``smi_processes`` (how many processes a closed Processes: section lists); ``smi_handle_error``,
+    ``smi_no_devices``, ``smi_no_driver`` lines."""
     out: List[LogEvent] = []
     pending = None
+    procs: Optional[List[int]] = None  # the open Processes: section: [its line, process rows, past its ==== rule]
     for n, line in enumerate(doc.lines, 1):
+        if _PROCESSES.match(line):
+            procs = [n, 0, 0]
+            continue
+        if procs is not None:
+            if procs[2] and _TABLE_END.match(line.rstrip()):  # closed: a cut-off section says nothing
+                out.append(doc.event("smi_processes", procs[0], count=procs[1]))
+                procs = None
+            elif line.startswith("|"):
+                procs[1] += bool(procs[2] and _PROCESS_ROW.match(line.rstrip()))
+                procs[2] = procs[2] or int(line.startswith("|=="))
+            else:
+                procs = None
+            continue
         m = _HANDLE.search(line)
         if m:
             out.append(doc.event("smi_handle_error", n, gpu=bus_id(m["bus"]), bus_id=bus_id(m["bus"]),
@@ -200,7 +220,7 @@ def parse(doc: Doc) -> List[LogEvent]:
                 ecc_uncorrectable=int(ecc) if ecc.isdigit() else None,
                 temp_c=_value(m2["temp"]), perf=m2["perf"], power_w=_value(m2["power"]),
                 power_cap_w=_value(m2["cap"]), mem_used_mib=_value(m2["used"]), mem_total_mib=_value(m2["total"]),
-                util_pct=_value(m2["util"]),
+                util_pct=_value(m2["util"]), compute_mode=m2["mode"].strip() or None,
                 err_cells=sorted(k for k, v in cells.items() if _unreadable(v, "temp_c" if k == "temp" else k))
                 or None))
     if "," in doc.text and any(m in doc.text for m in _CSV_MARKERS):

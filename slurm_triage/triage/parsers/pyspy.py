@@ -6,11 +6,17 @@ py-spy prints ``Process 14310: <cmdline>``, ``Python v3.11.9 (<path>)``, then pe
 are separated by the user's own banners (``===== node-0 PID 11841 =====``, ``# Rank 3``): a banner
 that names a pid, host or rank sets it for the dumps below. Some authors list several identical
 ``"MainThread"`` headers over one shared stack (one per process): each header gets that stack.
+
+Python's own faulthandler dump (``faulthandler.dump_traceback_later``'s ``Timeout (0:02:00)!``, a
+registered signal) has the same shape: ``Thread 0x00007f1c8e7fc700 (most recent call first):`` (or
+``Current thread 0x...``) over ``  File "/path/x.py", line 306 in wait`` frames, innermost first. It
+names no thread: the one whose outermost frame is ``<module>`` is the main thread. A dump that follows
+``Fatal Python error`` is a crash's, not a snapshot of waiting threads, and is left alone.
 """
 from __future__ import annotations
 
 import re
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from ..model import LogEvent
 from .base import Doc
@@ -22,6 +28,9 @@ _FRAME = re.compile(r"^\s+(?P<func>[^\s(][^()]*?) \((?P<file>[^()]+?)(?::(?P<lin
 _BANNER_PID = re.compile(r"\b(?:PID|pid)\s*[:=]?\s*(?P<pid>\d+)")
 _BANNER_RANK = re.compile(r"\b[Rr]ank\s*[:=#]?\s*(?P<rank>\d+)\b")
 _BANNER_HOST = re.compile(r"^[=#\-\s]*(?P<host>[A-Za-z][\w.\-]*\d[\w.\-]*)\s+(?:PID|pid)\b")
+_FH_THREAD = re.compile(r"^\s*(?:Current thread|Thread) (?P<tid>0x[0-9A-Fa-f]+) (?:\[[^\]]*\] )?\(most recent call first\):\s*$")
+_FH_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)\s*$')
+"""``line N in func`` without the comma of a traceback's ``line N, in func``: faulthandler's own layout."""
 _ERROR = re.compile(r"^Error: (?P<error>.+)$")
 _SKIP = re.compile(r"^\s+(?:Arguments:|Locals:|native frames:)|^\s{8,}\w+: ")
 
@@ -30,7 +39,7 @@ def parse(doc: Doc) -> List[LogEvent]:
     """``pyspy_thread`` per thread (pid, rank and host when the paste names them, frames innermost first);
     ``pyspy_error`` where py-spy could not dump a process."""
     if not any(_THREAD.match(line) or line.startswith("Process ") for line in doc.lines):
-        return []
+        return [] if "Fatal Python error" in doc.text else _faulthandler(doc)
     out: List[LogEvent] = []
     context: Dict[str, object] = {}
     current: List[LogEvent] = []  # headers waiting for their frames (several when grouped)
@@ -83,4 +92,30 @@ def parse(doc: Doc) -> List[LogEvent]:
             banner["host"] = hm["host"]
         if banner:
             context = banner
+    return out
+
+
+def _faulthandler(doc: Doc) -> List[LogEvent]:
+    """``pyspy_thread`` per thread of faulthandler dumps (frames as py-spy writes them: ``func (file:line)``); a run
+    of frames without a header is one thread."""
+    out: List[LogEvent] = []
+    current: Optional[LogEvent] = None
+    for n, line in enumerate(doc.lines, 1):
+        t = _FH_THREAD.match(line)
+        if t:
+            current = doc.event("pyspy_thread", n, tid=t["tid"], thread_state="dumped", frames=[])
+            out.append(current)
+            continue
+        f = _FH_FRAME.match(line)
+        if f:
+            if current is None:  # frames pasted without their thread header: one thread all the same
+                current = doc.event("pyspy_thread", n, thread_state="dumped", frames=[])
+                out.append(current)
+            frames = current.fields["frames"]
+            if len(frames) < MAX_FRAMES:
+                frames.append(f"{f['func']} ({f['file']}:{f['line']})")
+            if f["func"] == "<module>":
+                current.fields["thread_name"] = "MainThread"
+            continue
+        current = None
     return out

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 from ...model import Verdict
+from ..decoration import strip_ansi_bytes
 from ..model import CATEGORIES, LogEvent, TriageFinding, from_events
 
 PATH = Path(__file__).resolve().parent.parent / "prior.json"
@@ -119,12 +120,12 @@ def _words_of_lowered(low: bytes) -> FrozenSet[str]:
 
 
 def read_head(path: str) -> bytes:
-    """The first HEAD_BYTES of a log (gzip or not), cut at its last full line."""
+    """The first HEAD_BYTES of a log (gzip or not), cut at its last full line, without colour codes."""
     from ..logs import open_log  # lazy: logs imports the catalog
 
     with open_log(path) as fh:
         head = fh.read(HEAD_BYTES)
-    return head[:head.rfind(b"\n") + 1] or head
+    return strip_ansi_bytes(head[:head.rfind(b"\n") + 1] or head)  # colour codes glue to the words
 
 
 @dataclass(frozen=True)

@@ -146,12 +146,12 @@ MLX5_MESSAGES: Tuple[Tuple[str, str, Verdict, float, bool], ...] = (
 UNKNOWN_ERROR_FIELDS = ("gpu uuid", "serial number", "product name", "temperature/gpu current temp",
                         "power draw", "fb memory usage/total", "minor number", "bus id")
 
-_OURS = {"smi_q_gpu", "smi_row", "smi_handle_error", "smi_no_devices", "smi_no_driver", "dcgm_diag_result",
+_OURS = {"smi_q_gpu", "smi_row", "smi_processes", "smi_handle_error", "smi_no_devices", "smi_no_driver", "dcgm_diag_result",
          "dcgm_diag_message", "dcgm_health", "dcgm_health_incident", "slurm_node_reason", "sacct_job",
          "kmsg_gpu_lost", "kmsg_aer", "kmsg_gpu_dev", "kmsg_oom_kill", "kmsg_hung_task", "kmsg_sxid", "kmsg_mlx5",
          "kmsg_call_trace", "ps_row", "rank_progress",
          "pyspy_thread", "pyspy_error", "fr_missing_ranks", "fr_last_collective", "rocm_row", "ib_port",
-         "gpustat_row", "shm_df", "shm_segment"}
+         "gpustat_row", "shm_df", "shm_segment", "log_stall"}
 """The parsers' event kinds (a catalog entry may share a prefix, e.g. ``dcgm_thermal_violation``)."""
 _FALLBACK_KINDS = ("first_error", "first_exception")  # what the fallback pass reads: no judgement of its own
 _COLLECTIVES = {"all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base", "reduce_scatter",
@@ -409,6 +409,34 @@ def table_heat(events: List[LogEvent]) -> List[TriageFinding]:
     return out
 
 
+SPIN_UTIL_PCT = 95.0
+SPIN_POWER_SHARE = 0.4
+"""A GPU that nvidia-smi shows ``100%`` busy while it draws under 40 % of its power cap is not computing: a
+kernel sits resident and polls (an NCCL collective waiting for a peer). NCCL users report such hangs as
+"some GPUs are 100% occupied" while the job hangs (NVIDIA/nccl#1033), and soperator's
+stuck-NCCL check tests exactly 100 % utilisation at very low power (nebius/soperator#796)."""
+
+
+def table_busy_wait(events: List[LogEvent]) -> List[TriageFinding]:
+    """GPUs in an nvidia-smi table at full utilisation but low power: spinning in a collective, not working.
+    A hint for a log that shows no error (the table a user pasted of a stuck job); any real cause ranks first."""
+    rows = [e for e in of_kind(events, "smi_row") if (e.fields.get("util_pct") or 0) >= SPIN_UTIL_PCT
+            and (e.fields.get("power_cap_w") or 0) > 0 and e.fields.get("power_w") is not None
+            and e.fields["power_w"] <= SPIN_POWER_SHARE * e.fields["power_cap_w"]]
+    if not rows:
+        return []
+    return [from_events(
+        rows, id="table.busy_wait", category="collective_hang", verdict=Verdict.WARN, confidence=0.3,
+        consequence=True, gpu=only(e.gpu for e in rows),
+        summary=f"{', '.join(_row_name(e) for e in rows[:4])} show {rows[0].fields['util_pct']:g} % utilisation at "
+                + "; ".join(f"{e.fields['power_w']:g} / {e.fields['power_cap_w']:g} W" for e in rows[:3])
+                + ": a kernel spins waiting (a collective whose peer never came), the job hangs rather than computes",
+        action="py-spy dump (--native) every rank to find the one not in the collective; check its log, its node's "
+               "kernel log and the fabric (NCCL_DEBUG=INFO) for what stopped it",
+        evidence={"gpus": {_row_name(e): {"util_pct": e.fields["util_pct"], "power_w": e.fields["power_w"],
+                                          "power_cap_w": e.fields["power_cap_w"]} for e in rows}})]
+
+
 ORPHAN_MIB = 1024.0
 """GPU memory in use that no listed process owns, from which a gpustat row says "held by someone unseen"
 (a CUDA context alone takes a few hundred MiB)."""
@@ -436,6 +464,53 @@ def gpustat_orphans(events: List[LogEvent]) -> List[TriageFinding]:
                "and end it; when nothing owns it, reset the GPU (nvidia-smi -r) or drain the node",
         evidence={"gpus": {str(e.fields["index"]): {"mem_used_mib": e.fields["mem_used_mib"],
                                                      "util_pct": e.fields["util_pct"]} for e in rows}})]
+
+
+RESTRICTED_MODES = {"E. Thread": "Exclusive_Thread: one thread of one process per GPU",
+                    "Prohibited": "Prohibited: no process may create a CUDA context"}
+"""nvidia-smi's compute modes that refuse a job's second context (nvidia-smi(1) --compute-mode; CUDA's
+cudaComputeModeExclusive/Prohibited: "all CUDA-capable devices are busy or unavailable"). Exclusive_Process
+is left out: sites set it on purpose, and one process per GPU is the usual layout."""
+
+
+def smi_compute_mode(events: List[LogEvent]) -> List[TriageFinding]:
+    """GPUs in a compute mode that lets no second context (or none) onto them: a node setting the job did not
+    expect, when nothing else is wrong."""
+    rows = [e for e in of_kind(events, "smi_row") if e.fields.get("compute_mode") in RESTRICTED_MODES]
+    if not rows:
+        return []
+    mode = str(rows[0].fields["compute_mode"])
+    return [from_events(
+        rows, id="smi.compute_mode", category="config", verdict=Verdict.WARN, confidence=0.3, consequence=True,
+        gpu=only(e.gpu for e in rows),
+        summary=f"{', '.join(_row_name(e) for e in rows[:4])} in compute mode {RESTRICTED_MODES[mode]}: a job that "
+                "opens more contexts (several threads or processes per GPU, a leftover holder) is refused the GPU",
+        action="set the mode the jobs need (nvidia-smi -c DEFAULT, or EXCLUSIVE_PROCESS via the scheduler's prolog) "
+               "and check that no earlier process still holds the GPU",
+        evidence={"compute_mode": {_row_name(e): e.fields["compute_mode"] for e in rows}})]
+
+
+def smi_unowned(events: List[LogEvent]) -> List[TriageFinding]:
+    """nvidia-smi's table: GPU memory in use while its Processes section lists none (gpustat's case,
+    ``gpustat.unowned``, in the other tool's paste). Ranked after any cause, for the same reason: nvidia-smi run
+    inside a container lists no process of another PID namespace."""
+    sections = of_kind(events, "smi_processes")
+    if not sections or any(e.fields["count"] for e in sections):
+        return []
+    rows = [e for e in of_kind(events, "smi_row") if (e.fields.get("mem_used_mib") or 0) >= ORPHAN_MIB]
+    if not rows:
+        return []
+    return [from_events(
+        rows + sections[:1], id="smi.unowned", category="host_resources", verdict=Verdict.WARN, confidence=0.35,
+        consequence=True, gpu=only(e.gpu for e in rows),
+        summary=f"{', '.join(_row_name(e) for e in rows[:4])}: "
+                + "; ".join(f"{e.fields['mem_used_mib']:g} / {e.fields.get('mem_total_mib') or 0:g} MiB used"
+                            for e in rows[:2])
+                + ", but nvidia-smi lists no process: one outside this view (a leftover or zombie of an ended job, "
+                  "another container) holds the GPU",
+        action="find the owner (nvidia-smi --query-compute-apps=pid,used_memory --format=csv; fuser -v /dev/nvidia*) "
+               "and end it; when nothing owns it, reset the GPU (nvidia-smi -r) or drain the node",
+        evidence={"gpus": {_row_name(e): e.fields["mem_used_mib"] for e in rows}})]
 
 
 def shm_space(events: List[LogEvent]) -> List[TriageFinding]:
@@ -754,6 +829,54 @@ def ranks_out_of_step(events: List[LogEvent]) -> List[TriageFinding]:
     return out
 
 
+def log_stalls(events: List[LogEvent]) -> List[TriageFinding]:
+    """A log that ends waiting (parsers.stall): at an extension build, a stale build lock (a host's leftover
+    file, host_resources); mid-way through a progress bar, a loop that stopped (in a multi-rank job most
+    often a collective a rank never joined); right after the loop said it finished, a hang at teardown.
+    Hints for a log without an error: any finding ranks first."""
+    out: List[TriageFinding] = []
+    baton = [e for e in of_kind(events, "pyspy_thread") if any("file_baton.py" in str(f) for f in e.fields["frames"])]
+    if baton:  # a stack dump of the same wait: torch.utils.file_baton.FileBaton.wait
+        out.append(from_events(
+            baton[:3], id="stall.build_lock_wait", category="host_resources", verdict=Verdict.WARN, confidence=0.45,
+            summary=f"{len(baton)} dumped thread(s) wait in torch's build lock ({baton[0].fields['frames'][0][:100]}): "
+                    "a lock file left by a killed extension build blocks every later job",
+            action="delete the 'lock' file in the extension's build directory (TORCH_EXTENSIONS_DIR, default "
+                   "~/.cache/torch_extensions/<py_cu>/<name>/), or give each job its own TORCH_EXTENSIONS_DIR",
+            evidence={"frames": baton[0].fields["frames"][:6]}))
+    for e in of_kind(events, "log_stall"):
+        if e.fields["at"] == "extension_build":
+            out.append(from_events(
+                [e], id="stall.extension_build", category="host_resources", verdict=Verdict.WARN, confidence=0.3,
+                consequence=True,
+                summary=f"the log ends at an extension build step ({e.text[:120]}): the job most likely waits on the "
+                        "lock file a killed earlier build left in the extensions directory",
+                action="look for a 'lock' file under the extensions root (TORCH_EXTENSIONS_DIR, default "
+                       "~/.cache/torch_extensions/<py_cu>/<name>/) and delete it, or point TORCH_EXTENSIONS_DIR to a "
+                       "per-job local directory; py-spy dump shows FileBaton.wait when this is it",
+                evidence={"last_line": e.where}))
+        elif e.fields["at"] == "after_finish":
+            out.append(from_events(
+                [e], id="stall.after_finish", category="collective_hang", verdict=Verdict.WARN, confidence=0.2,
+                consequence=True,
+                summary=f"the training loop reported it finished ({e.text[:120]}) and the log ends there without an "
+                        "error: the job hung at teardown (a process-group shutdown or barrier a rank never reached, "
+                        "pending checkpoint saves)",
+                action="py-spy dump the ranks of a running job; destroy the process group only after every rank "
+                       "finished its last collective and its async checkpoint saves; check the exit of each rank",
+                evidence={"finished_line": e.where}))
+        else:
+            out.append(from_events(
+                [e], id="stall.progress", category="collective_hang", verdict=Verdict.WARN, confidence=0.2,
+                consequence=True,
+                summary=f"the log ends mid-way through a progress bar ({e.fields['done']}/{e.fields['total']}): the loop "
+                        "stopped without an error, as a job that hangs in a collective (or its data loader) does",
+                action="py-spy dump every rank of a running job to see where it waits; for an ended one, compare the "
+                       "ranks' last lines and look for uneven work per rank (the last batch, unused parameters)",
+                evidence={"last_line": e.where, "done": e.fields["done"], "total": e.fields["total"]}))
+    return out
+
+
 def _in_gpu_driver(trace: LogEvent) -> bool:
     """The trace's top frame, or two of its frames, lie in a GPU driver's module."""
     mods = [str(m) for m in trace.fields.get("modules", [])]
@@ -883,7 +1006,16 @@ def pyspy_outliers(events: List[LogEvent]) -> List[TriageFinding]:
                     "or the fabric is stuck",
             action="dump the ranks not included here; check NCCL/IB errors and the watchdog's SeqNum per rank",
             evidence=evidence)]
-    return []
+    # As many elsewhere as in the collective: no single outlier, but ranks out of step all the same.
+    evidence["elsewhere"] = {_who(e): where for e, where in outside[:4]}
+    return [from_events(
+        [e for e, _ in inside][:3] + [e for e, _ in outside][:3], id="pyspy.split", category="collective_hang",
+        verdict=Verdict.WARN, confidence=0.3, consequence=True,
+        summary=f"{len(inside)} dumped process(es) wait in {'/'.join(sorted(ops))} while {len(outside)} are elsewhere "
+                f"({outside[0][1][:120]}): the ranks are out of step, the ones outside the collective hold it up",
+        action="dump every rank again: the ones that stay outside the collective (a data loader, I/O, another code "
+               "path) are the ones to look at",
+        evidence=evidence)]
 
 
 def _one_process(threads: List[LogEvent]) -> List[TriageFinding]:
@@ -957,11 +1089,15 @@ RULES: Tuple[Rule, ...] = (
     Rule("smi.gpu_health", ("gpu_hardware",), smi_gpu_health),
     Rule("smi.unreachable", ("gpu_hardware", "config"), smi_unreachable),
     Rule("table.heat", ("thermal_power",), table_heat),
+    Rule("table.busy_wait", ("collective_hang",), table_busy_wait),
     Rule("ib.ports", ("network",), ib_ports),
     Rule("gpustat.unowned", ("host_resources",), gpustat_orphans),
+    Rule("smi.unowned", ("host_resources",), smi_unowned),
+    Rule("smi.compute_mode", ("config",), smi_compute_mode),
     Rule("shm.space", ("host_resources",), shm_space),
     Rule("ps.gpu_tools", ("gpu_hardware",), gpu_tools_stuck),
     Rule("progress.out_of_step", ("collective_hang",), ranks_out_of_step),
+    Rule("stall", ("host_resources", "collective_hang"), log_stalls),
     Rule("dcgm.diag", ("gpu_hardware", "thermal_power", "config", "network"), dcgm_results),
     Rule("slurm.reason", ("scheduler", "config", "gpu_hardware"), node_reasons),
     Rule("sacct.state", ("scheduler", "memory"), sacct_states),
