@@ -25,7 +25,7 @@ def run_job(job: Dict[str, Any]) -> Any:
     return _probe(job["section"], cfg, job["kwargs"])()
 
 
-GPU_SPARE = (run_job, ("pynvml", "slurm_triage.collect.gpu"))
+GPU_SPARE = (run_job, ("slurm_triage.collect.nvml", "slurm_triage.collect.gpu"))
 """What a hook pre-forks for its GPU probe (deadline.Spare): pynvml's import is the largest
 part of that probe, and it then overlaps the hook's own imports and config read."""
 

@@ -43,6 +43,23 @@ def test_what_a_hook_imports_before_its_probes_start_is_small():
         assert heavy not in mods, f"{heavy} is imported before the probes start"
 
 
+def test_the_gpu_probes_pynvml_comes_without_ctypes_util_and_find_library_still_works():
+    """pynvml imports ctypes.util (shutil, subprocess, tempfile: ~6-11 ms of CPU) for a function that it calls
+    only on Windows; collect.nvml imports it without them, and leaves the real ctypes.util to whoever asks."""
+    r = _run("""
+        import json, sys
+        from slurm_triage.collect.nvml import pynvml
+        before = sorted(m for m in ("ctypes.util", "shutil", "subprocess", "tempfile") if m in sys.modules)
+        found = pynvml.find_library("c")  # as pynvml would call it: the real ctypes.util, loaded now
+        import ctypes.util
+        print(json.dumps([before, found, ctypes.util.find_library("c"), hasattr(ctypes.util, "test"),
+                          getattr(ctypes.util, "__stand_in__", False), hasattr(pynvml, "nvmlInit")]))
+    """)
+    assert r.returncode == 0, r.stderr
+    before, found, real, full_module, stand_in, binding = json.loads(r.stdout)
+    assert before == [] and found and found == real and full_module and not stand_in and binding
+
+
 def test_the_rest_of_an_ok_hook_does_not_import_dataclasses_or_socket():
     r = _run("""
         import json, sys

@@ -2,7 +2,7 @@
 
 Runs inside a forked child under a deadline (snapshot.take), because an NVML call on a
 wedged GPU can block forever; the parent kills the child and reports UNKNOWN. pynvml is
-imported here, lazily, so the parent never pays for it. Units follow the key names
+imported here, lazily (through collect.nvml, without ctypes.util), so the parent never pays for it. Units follow the key names
 (NVML's mW/mJ are converted to W/J).
 """
 from __future__ import annotations
@@ -56,7 +56,7 @@ def collect(cfg: Config, indices: Optional[Sequence[int]] = None) -> Dict[str, A
         # Loaded first, by absolute path: pynvml's later CDLL("libnvidia-ml.so.1") is then
         # satisfied by this object through its SONAME (LD_LIBRARY_PATH would be too late).
         ctypes.CDLL(library)
-    import pynvml
+    from .nvml import pynvml
 
     t0 = time.monotonic()
     pynvml.nvmlInit()  # without persistence mode the driver sets up every GPU here: 100s of ms
