@@ -130,6 +130,8 @@ def test_no_leading_category_no_guess(tmp_path: Path) -> None:
     and a container's CUDA requirement): no guess, no finding."""
     assert prior.guess(prior.words(b"hello there\nall done\n")) is None
     assert prior.guess(prior.words(b"ValueError: 3")) is None
+    step = prior.words(b"step 1 ok\n")  # a healthy line: its one known word leads, but one word is no lead
+    assert len(step & prior.table().vocabulary) == 1 and prior.guess(step) is None
     security, config = DEV_LINES[2][1], DEV_LINES[8][1]
     assert prior.guess(prior.words(security.encode()))[0] == "security"  # type: ignore[index]
     scores = prior.scores(prior.words(f"{security}\n{config}".encode()), prior.table())

@@ -121,6 +121,22 @@ def _admitted_cause(root: TriageFinding, findings: List[TriageFinding]) -> Optio
     return max(fits, key=lambda f: (f.confidence, -_when(f)[0]), default=None)
 
 
+SETTING_HINTS = r"^log\.setting\.|^log\.(?:nccl_unroutable_interface|openmpi_btl_tcp_address_mismatch)$"
+"""Finding ids of the hints that show a setting or an environment (NCCL's env dump, the interface or network
+it chose, a device the container lacks: catalog/config_context.toml): symptom-role, so ranked after any cause."""
+
+
+def _setting_behind(root: TriageFinding, findings: List[TriageFinding]) -> Optional[TriageFinding]:
+    """The strongest setting hint (:data:`SETTING_HINTS`) that may explain ``root``, a communication failure
+    (collective timeout, socket/IB/OFI error) below CONFIDENT, when the hint is not clearly later: such a
+    failure usually follows a cause the log names only quietly, and a setting the job chose is the likeliest."""
+    if root.category not in fallback.COMMUNICATION or root.confidence >= CONFIDENT or re.search(SETTING_HINTS, root.id):
+        return None
+    fits = [f for f in findings if f is not root and re.search(SETTING_HINTS, f.id)
+            and f.verdict is not Verdict.OK and _after(root, f)]
+    return max(fits, key=lambda f: (f.confidence, -_when(f)[0]), default=None)
+
+
 def _symptom_only(root: TriageFinding) -> bool:
     """The root is a communication symptom (collective timeout, reset connection, generic NCCL
     error) and no cause was found: its cause is elsewhere, so the log's words may name it."""
@@ -131,7 +147,8 @@ def correlate(findings: List[TriageFinding]) -> List[TriageFinding]:
     """Rank findings root cause first, its consequences next, then the rest; set ``caused_by``. The
     root is the earliest cause; when no cause carries a time, the order of a paste says nothing, and
     hardware evidence (tier 0) goes first. A loud failure gives way to a finding the paste shows
-    that can cause it (:data:`ADMITTED_CAUSES`); a
+    that can cause it (:data:`ADMITTED_CAUSES`), a communication failure to a setting the log shows
+    (:func:`_setting_behind`) unless the log's words already lean to a cause behind it; a
     contested root cause is not left confident (:func:`calibrate`); a communication symptom
     without a cause gives way to the cause its log's words point to (:func:`fallback.cause_lean`)."""
     if not findings:
@@ -146,6 +163,8 @@ def correlate(findings: List[TriageFinding]) -> List[TriageFinding]:
     root = min(primaries, key=lambda f: (f.tier, _when(f)) if untimed else (_when(f), f.tier))
     symptom: Optional[TriageFinding] = None
     cause = _admitted_cause(root, findings)
+    if cause is None and not (leans and _symptom_only(root)):
+        cause = _setting_behind(root, findings)
     if cause is not None:
         # The loud failure stays, as the consequence of what the paste shows could cause it.
         symptom, root = root, cause
