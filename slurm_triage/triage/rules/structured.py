@@ -829,6 +829,34 @@ def ranks_out_of_step(events: List[LogEvent]) -> List[TriageFinding]:
     return out
 
 
+STALLS: Dict[str, Tuple[str, str, float, str, str, str]] = {
+    "extension_build": (
+        "stall.extension_build", "host_resources", 0.3,
+        "the log ends at an extension build step ({text}): the job most likely waits on the lock file a killed "
+        "earlier build left in the extensions directory",
+        "look for a 'lock' file under the extensions root (TORCH_EXTENSIONS_DIR, default "
+        "~/.cache/torch_extensions/<py_cu>/<name>/) and delete it, or point TORCH_EXTENSIONS_DIR to a per-job local "
+        "directory; py-spy dump shows FileBaton.wait when this is it",
+        "last_line"),
+    "after_finish": (
+        "stall.after_finish", "collective_hang", 0.2,
+        "the training loop reported it finished ({text}) and the log ends there without an error: the job hung at "
+        "teardown (a process-group shutdown or barrier a rank never reached, pending checkpoint saves)",
+        "py-spy dump the ranks of a running job; destroy the process group only after every rank finished its last "
+        "collective and its async checkpoint saves; check the exit of each rank",
+        "finished_line"),
+    "progress": (
+        "stall.progress", "collective_hang", 0.2,
+        "the log ends mid-way through a progress bar ({done}/{total}): the loop stopped without an error, as a job "
+        "that hangs in a collective (or its data loader) does",
+        "py-spy dump every rank of a running job to see where it waits; for an ended one, compare the ranks' last "
+        "lines and look for uneven work per rank (the last batch, unused parameters)",
+        "last_line"),
+}
+"""What the end of a silent log says, by the stall parser's ``at`` (parsers/stall.py): (finding id, category,
+confidence, summary, action, the evidence key of the line)."""
+
+
 def log_stalls(events: List[LogEvent]) -> List[TriageFinding]:
     """A log that ends waiting (parsers.stall): at an extension build, a stale build lock (a host's leftover
     file, host_resources); mid-way through a progress bar, a loop that stopped (in a multi-rank job most
@@ -845,35 +873,11 @@ def log_stalls(events: List[LogEvent]) -> List[TriageFinding]:
                    "~/.cache/torch_extensions/<py_cu>/<name>/), or give each job its own TORCH_EXTENSIONS_DIR",
             evidence={"frames": baton[0].fields["frames"][:6]}))
     for e in of_kind(events, "log_stall"):
-        if e.fields["at"] == "extension_build":
-            out.append(from_events(
-                [e], id="stall.extension_build", category="host_resources", verdict=Verdict.WARN, confidence=0.3,
-                consequence=True,
-                summary=f"the log ends at an extension build step ({e.text[:120]}): the job most likely waits on the "
-                        "lock file a killed earlier build left in the extensions directory",
-                action="look for a 'lock' file under the extensions root (TORCH_EXTENSIONS_DIR, default "
-                       "~/.cache/torch_extensions/<py_cu>/<name>/) and delete it, or point TORCH_EXTENSIONS_DIR to a "
-                       "per-job local directory; py-spy dump shows FileBaton.wait when this is it",
-                evidence={"last_line": e.where}))
-        elif e.fields["at"] == "after_finish":
-            out.append(from_events(
-                [e], id="stall.after_finish", category="collective_hang", verdict=Verdict.WARN, confidence=0.2,
-                consequence=True,
-                summary=f"the training loop reported it finished ({e.text[:120]}) and the log ends there without an "
-                        "error: the job hung at teardown (a process-group shutdown or barrier a rank never reached, "
-                        "pending checkpoint saves)",
-                action="py-spy dump the ranks of a running job; destroy the process group only after every rank "
-                       "finished its last collective and its async checkpoint saves; check the exit of each rank",
-                evidence={"finished_line": e.where}))
-        else:
-            out.append(from_events(
-                [e], id="stall.progress", category="collective_hang", verdict=Verdict.WARN, confidence=0.2,
-                consequence=True,
-                summary=f"the log ends mid-way through a progress bar ({e.fields['done']}/{e.fields['total']}): the loop "
-                        "stopped without an error, as a job that hangs in a collective (or its data loader) does",
-                action="py-spy dump every rank of a running job to see where it waits; for an ended one, compare the "
-                       "ranks' last lines and look for uneven work per rank (the last batch, unused parameters)",
-                evidence={"last_line": e.where, "done": e.fields["done"], "total": e.fields["total"]}))
+        kind, category, confidence, summary, action, where = STALLS[e.fields["at"]]
+        out.append(from_events(
+            [e], id=kind, category=category, verdict=Verdict.WARN, confidence=confidence, consequence=True,
+            summary=summary.format(text=e.text[:120], **e.fields), action=action,
+            evidence={where: e.where, **{k: e.fields[k] for k in ("done", "total") if k in e.fields}}))
     return out
 
 
