@@ -37,6 +37,9 @@ LIBS = ((b"/libnccl", "nccl"), (b"/libmpi", "mpi"), (b"/libucp", "ucx"), (b"/lib
 IPC_KINDS = (("nccl-", "nccl"), ("vader_segment.", "mpi"), ("sm_segment.", "mpi"), ("ompi.", "mpi"),
              ("openmpi-sessions-", "mpi"), ("ucx_", "ucx"), ("psm2_shm.", "psm2"),
              ("torch_", "torch"), ("torchelastic_", "torch"))
+_IPC_PREFIXES = tuple(prefix for prefix, _ in IPC_KINDS)
+_IPC_PREFIX_BYTES = tuple(prefix.encode() for prefix in _IPC_PREFIXES)
+"""The prefixes at C speed: most names in /tmp and /dev/shm are no IPC file and go at one startswith."""
 TCP_LISTEN = "0A"
 WILDCARDS = ("0.0.0.0", "::")
 """Listening on every address: what the listener check reports (a loopback bind is private)."""
@@ -53,6 +56,8 @@ Listener = Tuple[str, str, int, int]  # proto, address, port, uid (sockdiag.List
 
 def ipc_kind(name: str) -> Optional[str]:
     """The stack an IPC file name belongs to, None for unrelated files."""
+    if not name.startswith(_IPC_PREFIXES):
+        return None
     for prefix, kind in IPC_KINDS:
         if name.startswith(prefix):
             return kind
@@ -460,6 +465,8 @@ def scan_ipc_bounded(dirs: List[str], max_files: int = MAX_IPC_FILES,
                 if n >= max_scan:
                     omitted["unscanned_dirs"].append(d)
                     break
+                if not e.name.startswith(_IPC_PREFIX_BYTES):
+                    continue  # (printable keeps an ASCII prefix as it is)
                 name = printable(e.name)
                 kind = ipc_kind(name)
                 if kind is None:
