@@ -9,6 +9,11 @@ HERE="$REPO/lab"
 # keeps in $LAB_DIR/checkout.
 RUN_REPO=$REPO
 [ -d "${LAB_DIR:-/tmp/slurm-lab}/checkout/slurm_triage" ] && RUN_REPO="${LAB_DIR:-/tmp/slurm-lab}/checkout"
+# SLURM_PREFIX: the lab runs the Slurm installed under this prefix (built from source, e.g.
+# /opt/slurm-24.11, configured with --sysconfdir=$SLURM_PREFIX/etc; docs/slurm-24.11.md)
+# instead of Debian's packages (empty, the default). Its sbin/ and bin/ come first on PATH.
+SLURM_PREFIX=${SLURM_PREFIX:-}
+LAB_PATH=${SLURM_PREFIX:+$SLURM_PREFIX/sbin:$SLURM_PREFIX/bin:}/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 RUN="$LAB_DIR/run"
 SLURM_CONF="$LAB_DIR/etc/slurm.conf"
 PUSHGW_PORT=${PUSHGW_PORT:-9091}
@@ -20,8 +25,10 @@ CTLD_PORT=${CTLD_PORT:-6817}
 SLURMD_PORT=${SLURMD_PORT:-6818}
 # node i listens on NODE_PORT_BASE+i (17001..)
 NODE_PORT_BASE=${NODE_PORT_BASE:-17000}
-TEST_USER=triage-test
-TEST_UID=4242
+# The jobs' user. A second lab on this machine needs its own (LAB_USER=...): Lab.reset() SIGKILLs
+# every process of its user, and the Epilog's leftover checks judge that user's processes.
+TEST_USER=${LAB_USER:-triage-test}
+TEST_UID=${LAB_UID:-4242}
 # The lab's daemons: "name pidfile cmdline-substring", in start order. The pid
 # file is trusted only when /proc/PID/cmdline contains the substring.
 DAEMONS="munged $LAB_DIR/munge/munged.pid munged

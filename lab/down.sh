@@ -5,7 +5,7 @@
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 export SLURM_CONF
-PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+PATH=$LAB_PATH
 T0=$(date +%s.%N)
 [ "$(id -u)" = 0 ] || die "run as root"
 [ -d "$LAB_DIR" ] || { log "no $LAB_DIR: nothing to do"; exit 0; }

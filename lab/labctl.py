@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
-TEST_USER = "triage-test"
+# LAB_USER (env.sh of a second lab on the machine, lab/common.sh): that lab's own jobs' user
+TEST_USER = os.environ.get("LAB_USER") or "triage-test"
 DEFAULT_SCENARIO = "h100x8-idle.json"
 TERMINAL_JOB_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                        "BOOT_FAIL", "DEADLINE", "PREEMPTED")

@@ -4,6 +4,7 @@
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 export SLURM_CONF
+[ -z "$SLURM_PREFIX" ] || PATH=$SLURM_PREFIX/bin:$PATH
 up=0 down=0
 while read -r name pidfile want; do
   if pid=$(lab_pid "$pidfile" "$want"); then

@@ -8,6 +8,8 @@
 # Knobs: LAB_DIR=/tmp/slurm-lab  LAB_NODES=4  LAB_HOOKS=1 (0: no Prolog/Epilog)
 #        LAB_INSTALL=auto|0  LAB_KEEP_STATE=0|1  LAB_SCENARIO=h100x8-idle.json
 #        LAB_UTS=auto|0|1 (1: Slurm daemons in a UTS namespace with hostname localhost)
+#        SLURM_PREFIX= (lab/common.sh: a Slurm built from source under that prefix, e.g. /opt/slurm-24.11)
+#        LAB_USER=triage-test LAB_UID=4242 (the jobs' user: a second lab on the machine needs its own)
 # Ports (lab/common.sh): CTLD_PORT=6817 SLURMD_PORT=6818 DBD_PORT=6819 NODE_PORT_BASE=17000
 #        (node i: NODE_PORT_BASE+i) DB_PORT=13306 PUSHGW_PORT=9091 PROM_PORT=9090 NODE_EXPORTER_PORT=9100
 set -euo pipefail
@@ -15,11 +17,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 LAB_HOOKS=${LAB_HOOKS:-1}
 LAB_INSTALL=${LAB_INSTALL:-auto}
 LAB_SCENARIO=${LAB_SCENARIO:-h100x8-idle.json}
-PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+PATH=$LAB_PATH
 export SLURM_CONF
 # Daemons get a clean, systemd-like environment: slurmd's environment is what the
 # Prolog/Epilog and SPANK code see, and an interactive shell's variables would leak.
-CLEAN_ENV=(env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8)
+CLEAN_ENV=(env -i PATH="$LAB_PATH" LANG=C.UTF-8)
 
 T0=$(date +%s.%N); T_LAST=$T0; TIMINGS=""
 phase_done() {
@@ -72,6 +74,11 @@ fi
 PKGS="slurm-wlm slurmctld slurmd slurm-client slurmdbd slurm-wlm-mysql-plugin munge libslurm-dev
 prometheus prometheus-pushgateway prometheus-node-exporter mariadb-server gcc make libc6-dev
 python3-venv curl util-linux passwd"
+if [ -n "$SLURM_PREFIX" ]; then   # Slurm itself comes from the prefix, not from packages
+  [ -x "$SLURM_PREFIX/sbin/slurmctld" ] && [ -f "$SLURM_PREFIX/include/slurm/spank.h" ] \
+    || die "SLURM_PREFIX=$SLURM_PREFIX has no sbin/slurmctld or include/slurm/spank.h"
+  PKGS=$(printf '%s\n' $PKGS | grep -v -e '^slurm' -e '^libslurm' | tr '\n' ' ')
+fi
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=" $p"
@@ -93,10 +100,15 @@ if [ -n "$missing" ]; then
   trap - EXIT
 fi
 SLURM_VERSION=$(slurmd -V | awk '{print $2}')
+# The hooks' config defaults (hooks.scontrol, drain.sinfo, triage.sacct, ...) and some tests
+# name Debian's /usr/bin paths: lab/slurm-ns runs a command where those are the prefix's.
+if [ -n "$SLURM_PREFIX" ] && ! [ /usr/bin/scontrol -ef "$SLURM_PREFIX/bin/scontrol" ]; then
+  log "WARNING: /usr/bin/scontrol is not $SLURM_PREFIX's: run this under lab/slurm-ns $SLURM_PREFIX"
+fi
 phase_done "packages"
 
 # --- 2. repo venv, fake NVML, test user ------------------------------------------------
-make -s -C "$REPO" venv spank
+if [ -z "$SLURM_PREFIX" ]; then make -s -C "$REPO" venv spank; else make -s -C "$REPO" venv; fi
 make -s -C "$REPO/tests/fakenvml"
 if ! id -u "$TEST_USER" >/dev/null 2>&1; then
   uid_opt=(-u "$TEST_UID"); getent passwd "$TEST_UID" >/dev/null && uid_opt=()
@@ -105,16 +117,20 @@ if ! id -u "$TEST_USER" >/dev/null 2>&1; then
 fi
 # The job user's srun dlopens the SPANK plugin, which runs the venv's python, and the
 # watcher loads the fake NVML: a clone under a directory closed to others (Debian's /root
-# is 0700) would fail every job. Then the lab runs a copy of the checkout in $LAB_DIR.
+# is 0700) would fail every job. Then the lab runs a copy of the checkout in $LAB_DIR; so does
+# a SLURM_PREFIX lab: its plugin is built against that Slurm's spank.h (Slurm refuses a plugin
+# of another release), while the checkout's serves Debian's Slurm.
 mkdir -p "$LAB_DIR" && chmod 755 "$LAB_DIR"
 rm -rf "$LAB_DIR/checkout"
 RUN_REPO=$REPO
-if ! runuser -u "$TEST_USER" -- test -r "$REPO/setup.py"; then
-  log "$REPO is closed to $TEST_USER: the lab runs a copy of it in $LAB_DIR/checkout"
+if [ -n "$SLURM_PREFIX" ] || ! runuser -u "$TEST_USER" -- test -r "$REPO/setup.py"; then
+  why="$REPO is closed to $TEST_USER"; [ -z "$SLURM_PREFIX" ] || why="the SPANK plugin is built for $SLURM_PREFIX"
+  log "$why: the lab runs a copy of it in $LAB_DIR/checkout"
   mkdir -p "$LAB_DIR/checkout"
   tar -C "$REPO" --exclude=./.venv --exclude=./.git --exclude='*/__pycache__' -cf - . | tar -C "$LAB_DIR/checkout" -xf -
   RUN_REPO="$LAB_DIR/checkout"
-  make -s -C "$RUN_REPO" venv spank
+  [ -z "$SLURM_PREFIX" ] || rm -f "$RUN_REPO/spank/slurm_triage_spank.so"   # the checkout's, for Debian's Slurm
+  make -s -C "$RUN_REPO" venv spank ${SLURM_PREFIX:+SLURM_PREFIX="$SLURM_PREFIX"}
   make -s -C "$RUN_REPO/tests/fakenvml"
   chmod -R a+rX "$RUN_REPO"
 fi
@@ -188,11 +204,13 @@ for i in $(seq 1 "$LAB_NODES"); do
   fi
 done
 # Slurm commands run without SLURM_CONF (e.g. from a hook) would otherwise try a
-# DNS SRV lookup for a configless controller.
-if [ ! -e /etc/slurm/slurm.conf ] && [ ! -L /etc/slurm/slurm.conf ]; then
-  mkdir -p /etc/slurm
-  ln -s "$SLURM_CONF" /etc/slurm/slurm.conf
-  echo /etc/slurm/slurm.conf > "$RUN/etc-link"
+# DNS SRV lookup for a configless controller. (A SLURM_PREFIX build reads $SLURM_PREFIX/etc.)
+SLURM_ETC=/etc/slurm
+[ -z "$SLURM_PREFIX" ] || SLURM_ETC=$SLURM_PREFIX/etc
+if [ ! -e "$SLURM_ETC/slurm.conf" ] && [ ! -L "$SLURM_ETC/slurm.conf" ]; then
+  mkdir -p "$SLURM_ETC"
+  ln -s "$SLURM_CONF" "$SLURM_ETC/slurm.conf"
+  echo "$SLURM_ETC/slurm.conf" > "$RUN/etc-link"
 fi
 phase_done "configs"
 
@@ -280,6 +298,8 @@ export PROMETHEUS_URL=http://127.0.0.1:$PROM_PORT
 export SLURM_TRIAGE_CONFIG=$E/slurm-triage.toml
 export LAB_CHECKOUT=$RUN_REPO
 ENV
+[ "$TEST_USER" = triage-test ] || echo "export LAB_USER=$TEST_USER" >> "$LAB_DIR/env.sh"
+[ -z "$SLURM_PREFIX" ] || echo "export PATH=$SLURM_PREFIX/bin:$SLURM_PREFIX/sbin:\$PATH   # the lab's Slurm" >> "$LAB_DIR/env.sh"
 {
   echo "# lab/up.sh $(date -Is): Slurm $SLURM_VERSION, $LAB_NODES nodes, hooks=$LAB_HOOKS"
   printf '%s' "$TIMINGS"

@@ -62,6 +62,18 @@ def test_sacct_json_2205_and_new_shapes() -> None:
     assert new.stdout == "/home/u/slurm-7823204.out"
 
 
+def test_sacct_json_of_slurm_2411_agrees_with_sacct_parsable() -> None:
+    """24.11's JSON: an unset start is NO_VAL (not 0) and a step id carries its job id ("107.batch")."""
+    data = Path(__file__).resolve().parent / "data" / "slurm-24.11"
+    for job in ("4", "107"):
+        js = slurm.from_sacct_json(json.loads((data / f"sacct-json-job{job}.json").read_text()), job)
+        pp = slurm.from_sacct_parsable((data / f"sacct-P-job{job}.txt").read_text(), job)
+        assert js is not None and pp is not None
+        assert (js.start, js.end, js.submit) == (pp.start, pp.end, pp.submit), job
+        assert [s["id"] for s in js.steps] == [s["id"] for s in pp.steps], job
+    assert slurm.from_sacct_json(json.loads((data / "sacct-json-job4.json").read_text()), "4").start is None
+
+
 def test_sacct_parsable_and_scontrol_merge() -> None:
     acct = slurm.from_sacct_parsable(SACCT_P, "4")
     assert acct.state == "CANCELLED" and acct.nodes == ["node1", "node2", "node3", "node4"] and acct.restarts == 0

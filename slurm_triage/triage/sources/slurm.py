@@ -101,9 +101,13 @@ def _exit_json(v: Any) -> Tuple[Optional[int], Optional[int]]:
     return (int(rc) if rc is not None else None), (int(signo) if signo else None)
 
 
+_NO_VAL = 0xFFFFFFFE
+"""Slurm's "unset": 24.11's ``sacct --json`` gives it as the start of a job that never ran (22.05: 0)."""
+
+
 def _epoch(v: Any) -> Optional[float]:
     t = _num(v)
-    return t if t else None
+    return t if t and t < _NO_VAL else None
 
 
 def from_sacct_json(data: Dict[str, Any], job_id: str) -> Optional[JobFacts]:
@@ -130,7 +134,8 @@ def from_sacct_json(data: Dict[str, Any], job_id: str) -> Optional[JobFacts]:
         st = s.get("time") or {}
         step = s.get("step") or {}
         srcs, ssig = _exit_json(s.get("exit_code"))
-        f.steps.append({"id": str(step.get("name") if step.get("id") is None else step.get("id")),
+        sid = str(step.get("name") if step.get("id") is None else step.get("id"))
+        f.steps.append({"id": sid.split(".", 1)[1] if sid.startswith(f"{job.get('job_id')}.") else sid,  # 24.11: "J.S"
                         "name": step.get("name"), "state": _state(s.get("state")), "exit_code": srcs,
                         "signal": ssig, "start": _epoch(st.get("start")), "end": _epoch(st.get("end"))})
     return f
