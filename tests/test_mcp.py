@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -52,6 +53,34 @@ def test_audit_hook_refuses_a_subprocess_outside_the_allowlist() -> None:
     cp = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT), timeout=60)
     assert "RAN" not in cp.stdout, cp.stdout
     assert cp.stdout.count("REFUSED") == 4, cp.stdout + cp.stderr
+
+
+def test_a_slurm_outside_usr_bin_is_trusted_only_where_no_one_else_may_write(tmp_path: Path) -> None:
+    """A Slurm built under a prefix (docs/slurm-24.11.md) is named by the config; its directory is trusted
+    when root owns it and neither group nor others may write to it."""
+    if os.geteuid() != 0:
+        pytest.skip("the directory must be root's: run as root (CI does); the rule is pure and tested below")
+    good, loose = tmp_path / "opt-slurm" / "bin", tmp_path / "shared" / "bin"
+    for d in (good, loose):
+        d.mkdir(parents=True)
+        shutil.copy("/bin/true", d / "sinfo")
+    good.chmod(0o755)
+    loose.chmod(0o777)
+    under_loose = loose / "sub"
+    under_loose.mkdir()
+    under_loose.chmod(0o755)  # its own mode is fine, but others may swap it: the directory above is theirs
+    dirs = guard.trusted_dirs([str(good / "sinfo"), str(loose / "sinfo"), str(under_loose / "sinfo"), "sacct",
+                               "/nonexistent/bin/sacct", ""])
+    assert str(good) in dirs and str(loose) not in dirs and str(under_loose) not in dirs
+    assert "/nonexistent/bin" not in dirs and len(dirs) == len(guard.trusted_dirs([])) + 1
+    assert guard.allowed_command(None, [str(good / "sinfo")], dirs) is None
+    assert guard.allowed_command(None, [str(good / "sinfo")]) is not None  # not without the config naming it
+    code = (f"import subprocess; from slurm_triage.mcp import guard; guard.install({dirs!r})\n"
+            f"print(subprocess.run([{str(good / 'sinfo')!r}]).returncode)\n"
+            f"try:\n    subprocess.run([{str(loose / 'sinfo')!r}])\n    print('RAN')\n"
+            "except guard.GuardError as e:\n    print('REFUSED', e)\n")
+    cp = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT), timeout=60)
+    assert cp.stdout.splitlines()[0] == "0" and "REFUSED" in cp.stdout and "RAN" not in cp.stdout, cp.stdout + cp.stderr
 
 
 @pytest.mark.parametrize("job", HOSTILE_JOBS)

@@ -71,8 +71,9 @@ def run(args: argparse.Namespace) -> int:
     from .server import build, serve_http
     from .tools import Tools
 
-    guard.install()
-    server = build(Tools(load(getattr(args, "config", None))))
+    cfg = load(getattr(args, "config", None))
+    guard.install(guard.trusted_dirs([cfg.get("triage", "sacct"), cfg.get("hooks", "scontrol"), cfg.get("drain", "sinfo")]))
+    server = build(Tools(cfg))
     if not args.http:
         server.run("stdio")
         return EXIT_OK

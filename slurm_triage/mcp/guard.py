@@ -22,20 +22,21 @@ _SLURM_READERS = ("sacct", "sinfo", "squeue", "scontrol")
 # The log scanner's prefilter (triage.logs): read-only tools it runs by absolute path.
 _SCAN_TOOLS = ("grep", "wc")
 _SAFE_DIRS = ("/usr/bin", "/bin", "/usr/local/bin", "/usr/sbin", "/sbin")
-_installed: List[bool] = []
+_installed: List[Tuple[str, ...]] = []
+"""The directories the installed hook trusts (install's), once installed."""
 
 
 class GuardError(ValueError):
     """An argument or a subprocess the server refuses; its text is safe to show the agent."""
 
 
-def allowed_command(executable: Any, argv: Sequence[Any]) -> Optional[str]:
-    """None when ``argv`` may run, else why not. Pure, so the rule is testable on its own."""
+def allowed_command(executable: Any, argv: Sequence[Any], dirs: Sequence[str] = _SAFE_DIRS) -> Optional[str]:
+    """None when ``argv`` may run from one of ``dirs``, else why not. Pure, so the rule is testable on its own."""
     args = [os.fsdecode(a) if isinstance(a, (bytes, os.PathLike)) else str(a) for a in argv]
     exe = os.fsdecode(executable) if executable is not None else (args[0] if args else "")
     if not args or not os.path.isabs(exe):
         return f"not an absolute path: {exe!r}"
-    if os.path.dirname(exe) not in _SAFE_DIRS:
+    if os.path.dirname(exe) not in dirs:
         return f"not in a system directory: {exe!r}"
     name = os.path.basename(exe)
     if name in _SCAN_TOOLS:
@@ -53,18 +54,47 @@ def _audit(event: str, args: Tuple[Any, ...]) -> None:
     if event == "subprocess.Popen":
         executable, argv = args[0], args[1]
         argv = [argv] if isinstance(argv, (str, bytes)) else list(argv or ())
-        why = allowed_command(executable, argv)
+        why = allowed_command(executable, argv, _installed[0] if _installed else _SAFE_DIRS)
         if why:
             raise GuardError(f"subprocess refused: {why}")
     elif event in ("os.system", "os.posix_spawn", "os.exec", "os.spawn"):
         raise GuardError(f"subprocess refused: {event} is never used by the MCP server")
 
 
-def install() -> None:
-    """Install the subprocess audit hook for the rest of this process (it cannot be removed)."""
+def _root_only(d: str, sticky_ok: bool) -> bool:
+    """Root owns ``d`` and no one else may write to it (or, for a directory above, only under the sticky
+    bit, which keeps others from renaming or removing root's entries: /tmp)."""
+    try:
+        st = os.stat(d)
+    except OSError:
+        return False
+    writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    return st.st_uid == 0 and (not writable or (sticky_ok and bool(st.st_mode & stat.S_ISVTX)))
+
+
+def trusted_dirs(clients: Sequence[str]) -> Tuple[str, ...]:
+    """The system directories, and those of the Slurm clients the (root's) config names by absolute path
+    (a Slurm built under /opt/slurm/bin) when root owns the directory and every one above it, and no one
+    else may write to them."""
+    out = list(_SAFE_DIRS)
+    for path in clients:
+        d = os.path.dirname(os.path.normpath(path)) if path else ""
+        if not os.path.isabs(path or "") or d in out or not _root_only(d, sticky_ok=False):
+            continue
+        above = [os.path.dirname(d)]
+        while above[-1] != os.path.dirname(above[-1]):
+            above.append(os.path.dirname(above[-1]))
+        if all(_root_only(a, sticky_ok=True) for a in above):
+            out.append(d)
+    return tuple(out)
+
+
+def install(dirs: Sequence[str] = _SAFE_DIRS) -> None:
+    """Install the subprocess audit hook for the rest of this process (it cannot be removed); it admits
+    programs from ``dirs`` only (:func:`trusted_dirs`). A second call changes nothing."""
     if not _installed:
+        _installed.append(tuple(dirs))
         sys.addaudithook(_audit)
-        _installed.append(True)
 
 
 def is_loopback(host: str) -> bool:
