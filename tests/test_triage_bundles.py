@@ -81,3 +81,16 @@ def test_a_bundle_for_another_job_in_the_right_place_is_ignored(tmp_path: Path) 
     p.write_text(json.dumps(doc))
     nodes, rec = bundles.gather(str(tmp_path), JOB, os.getuid())
     assert nodes == {} and rec["read"] is False
+
+
+def test_a_bundle_of_an_earlier_run_of_the_same_job_id_is_left_out(tmp_path: Path) -> None:
+    """Job ids start over (a controller's state reset, a lab made afresh): a bundle detected well before the
+    job's start or after its end is another job's, counted as such, not its evidence."""
+    d = _job_dir(tmp_path, os.getuid())
+    _bundle(d, "hang-node2-0-1.json", os.getuid())
+    at = json.loads(SRC.read_text())["detected_at"]
+    for window, believed in (((at - 30, at + 30), True), ((None, None), True), ((at - 5, None), True),
+                             ((at + 3600, at + 7200), False), ((at - 7200, at - 3600), False)):
+        nodes, rec = bundles.gather(str(tmp_path), JOB, os.getuid(), window=window)
+        assert bool(nodes) is believed and rec["read"] is believed, window
+        assert rec.get("outside_the_job", 0) == (0 if believed else 1), window

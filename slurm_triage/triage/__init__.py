@@ -108,7 +108,8 @@ def gather_job(cfg: Config, job_id: Optional[str], settings: Dict[str, Any], nod
     if with_hooks and job_id:
         nodes_facts, recs = pushgateway.gather(cfg, settings["pushgateway_url"], job_id, node_list)
         sources.update(recs)
-        found, sources["bundles"] = bundles.gather(cfg.get("watcher", "evidence_dir"), job_id, job_uid(facts))
+        found, sources["bundles"] = bundles.gather(cfg.get("watcher", "evidence_dir"), job_id, job_uid(facts),
+                                                   window=(start, end))
         nodes_facts = pushgateway.merge(nodes_facts, found)
     ev = JobEvidence(job=facts.to_dict() if facts else None, metrics=metrics, nodes=nodes_facts, settings=settings)
     return ev, sources, facts

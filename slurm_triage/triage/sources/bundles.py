@@ -78,17 +78,34 @@ def _candidates(evidence_dir: str, job_id: str, uids: Set[int]) -> Iterable[str]
                 yield os.path.join(job_dir, name)
 
 
-def gather(evidence_dir: str, job_id: str, job_uid: Optional[int] = None
+WINDOW_SLACK_SECONDS = 60.0
+"""Clock skew between nodes allowed when a bundle's detection time is held against the job's run."""
+
+
+def _outside(data: Dict[str, Any], window: Tuple[Optional[float], Optional[float]]) -> bool:
+    """True when the bundle was detected clearly before the job started or after it ended: an earlier job
+    of the same id (a controller whose job ids started over, a lab made afresh)."""
+    at = data.get("detected_at")
+    if not isinstance(at, (int, float)) or isinstance(at, bool):
+        return False
+    start, end = window
+    return bool((start and at < start - WINDOW_SLACK_SECONDS) or (end and at > end + WINDOW_SLACK_SECONDS))
+
+
+def gather(evidence_dir: str, job_id: str, job_uid: Optional[int] = None,
+           window: Tuple[Optional[float], Optional[float]] = (None, None)
            ) -> Tuple[Dict[str, Dict[str, Any]], Dict[str, Any]]:
     """Per-node facts (``watch``: ``hang_suspected``, ``bundles``) and the source record.
 
-    ``job_uid``: the job's user (from Slurm); without it only root's and the caller's bundles count."""
+    ``job_uid``: the job's user (from Slurm); without it only root's and the caller's bundles count.
+    ``window``: the job's (start, end) where known; a bundle detected outside it is another run's."""
     if not ids.is_job_id(job_id):
         return {}, {"read": False, "error": f"not a job id: {job_id!r}"}
     uids = trusted_uids(job_uid)
     nodes: Dict[str, Dict[str, Any]] = {}
     read: List[str] = []
     errors: List[str] = []
+    stale = 0
     for path in _candidates(evidence_dir, job_id, uids):
         try:
             data = read_bundle(path, uids)
@@ -96,6 +113,9 @@ def gather(evidence_dir: str, job_id: str, job_uid: Optional[int] = None
             errors.append(f"{path}: {e}"[:300])
             continue
         if not isinstance(data, dict) or str(data.get("job_id")) != job_id or not data.get("node"):
+            continue
+        if _outside(data, window):
+            stale += 1
             continue
         read.append(path)
         facts = node_facts(nodes, str(data["node"]))
@@ -106,6 +126,8 @@ def gather(evidence_dir: str, job_id: str, job_uid: Optional[int] = None
             watch["hang_suspected"] = True
         watch.setdefault("bundles", []).append(path)
     record: Dict[str, Any] = {"read": bool(read), "dir": evidence_dir, "files": len(read)}
+    if stale:
+        record["outside_the_job"] = stale  # detected before its start or after its end: an earlier job of this id
     if errors:
         record["errors"] = errors[:5]
     if not read and not errors:
