@@ -139,7 +139,8 @@ def parse_line(text: str, source: str, line: int, file_index: int = 0,
     year it revealed."""
     events: List[LogEvent] = []
     year_seen: Optional[int] = None
-    body, label_rank = undecorate(text)  # what the entries' regexes are written for
+    shown = strip_ansi(text)  # the evidence keeps the rank label, not the colours; a collector's stamp is a time
+    body, label_rank = undecorate(shown)  # what the entries' regexes are written for
     low = body.lower()
     for entry, needles in INDEX.gates:
         hay = low if entry.nocase else body
@@ -149,7 +150,7 @@ def parse_line(text: str, source: str, line: int, file_index: int = 0,
         if not m:
             continue
         if not events:
-            t, year_seen = parse_time(strip_ansi(text), year_hint)  # a collector's stamp is a time too
+            t, year_seen = parse_time(shown, year_hint)
         fields = _int_fields(m.groupdict())
         node, rank, gpu = _special(fields)
         pm = _NCCL_PREFIX.search(body)
@@ -162,8 +163,7 @@ def parse_line(text: str, source: str, line: int, file_index: int = 0,
         if rank is None:
             rm = _RANK.search(text)
             rank = int(rm["rank"]) if rm else label_rank
-        clean = strip_ansi(text).strip()  # the evidence keeps the rank label, not the colours
-        events.append(LogEvent(entry.id, source, line, clean[:400], t, node, rank, gpu, fields, file_index))
+        events.append(LogEvent(entry.id, source, line, shown.strip()[:400], t, node, rank, gpu, fields, file_index))
     return events, year_seen
 
 

@@ -2,8 +2,8 @@
 
 A rank is named by the launcher's line label (``Doc.ranks``): torchrun's ``[rank1]:``
 (``--tee``/``local_ranks_filter`` output), ``srun --label``'s ``1: `` or Open MPI's ``[1,1]<stdout>:``;
-the counter by a word and a number (``step 120``, ``iter: 40``, ``batch 88``). A hang leaves each rank's last such line behind, and ranks that stopped at different
-counts fell out of step.
+the counter by a word and a number (``step 120``, ``iter: 40``, ``batch 88``). A hang leaves each rank's
+last such line behind, and ranks that stopped at different counts fell out of step.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Where a log stops: its last line, when that line shows the job waiting at a known point.
 
-A hung job leaves no error behind; its log just ends. Two endings say where it hung:
+A hung job leaves no error behind; its log just ends. Three endings say where it hung:
 
 - an extension build step (``Using <dir> as PyTorch extensions root...``, ``Building extension module
   X...``, ``Loading extension module X...``, Megatron's ``> compiling and loading fused kernels ...``):

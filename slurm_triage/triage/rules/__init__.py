@@ -108,6 +108,11 @@ ADMITTED_CAUSES: Tuple[Tuple[str, Tuple[str, ...], str], ...] = (
 category on the same GPU and node can explain, when that finding is not clearly later."""
 
 
+def _strongest(fits: List[TriageFinding]) -> Optional[TriageFinding]:
+    """The most confident of ``fits``, the earliest of equals; None if none."""
+    return max(fits, key=lambda f: (f.confidence, -_when(f)[0]), default=None)
+
+
 def _admitted_cause(root: TriageFinding, findings: List[TriageFinding]) -> Optional[TriageFinding]:
     """The strongest finding that :data:`ADMITTED_CAUSES` lets explain ``root``: a cause (not a
     consequence, not a guess) of an admitted category, on the root's GPU and node where both name one."""
@@ -118,7 +123,7 @@ def _admitted_cause(root: TriageFinding, findings: List[TriageFinding]) -> Optio
             and f.category in cats[0] and f.verdict is not Verdict.OK and _after(root, f)
             and (f.gpu is None or root.gpu is None or f.gpu == root.gpu)
             and (f.node is None or root.node is None or f.node == root.node)]
-    return max(fits, key=lambda f: (f.confidence, -_when(f)[0]), default=None)
+    return _strongest(fits)
 
 
 SETTING_HINTS = r"^log\.setting\.|^log\.(?:nccl_unroutable_interface|openmpi_btl_tcp_address_mismatch)$"
@@ -134,7 +139,7 @@ def _setting_behind(root: TriageFinding, findings: List[TriageFinding]) -> Optio
         return None
     fits = [f for f in findings if f is not root and re.search(SETTING_HINTS, f.id)
             and f.verdict is not Verdict.OK and _after(root, f)]
-    return max(fits, key=lambda f: (f.confidence, -_when(f)[0]), default=None)
+    return _strongest(fits)
 
 
 def _symptom_only(root: TriageFinding) -> bool:
