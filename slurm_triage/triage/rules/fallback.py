@@ -146,7 +146,7 @@ def first_error(events: List[LogEvent]) -> List[TriageFinding]:
     if category is not None:
         text = f"{text} — best guess {category} (words {scope}: {', '.join(words)})"
     found = _finding(shown, lead, category or FALLBACK, conf, words, total, text, scope)
-    learned = prior.prior_guess(events) if category is None else None
+    learned = prior.prior_guess(events, margin=prior.BESIDE_AN_ERROR) if category is None else None
     if learned is not None:
         prior.name(found, *learned[:2])
     return [found] + lean
