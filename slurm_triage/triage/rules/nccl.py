@@ -73,17 +73,13 @@ def store_barrier_timeouts(events: List[LogEvent]) -> List[TriageFinding]:
                     "joined the same store (two runs sharing MASTER_ADDR:PORT, or a wrong world size)",
             action="give each job its own MASTER_PORT and check nnodes/nproc_per_node against the allocation",
             evidence=evidence)]
-    if all(e.fields.get("waiting") for e in evs):
-        # Only the periodic "Waiting in store based barrier" lines: init has not timed out (yet).
-        return [from_events(
-            evs, id="log.store_barrier", category="collective_hang", verdict=Verdict.FAIL, confidence=0.5,
-            summary=f"process group init is still waiting at the store barrier: {wc} of {ws} workers joined",
-            action="find the ranks that did not start (srun/torchrun errors, a node that failed, a slow import) "
-                   "and check that every node can reach MASTER_ADDR:MASTER_PORT",
-            evidence={**evidence, "missing_workers": ws - wc})]
+    # Only the periodic "Waiting in store based barrier" lines: init has not timed out (yet), a weaker sign.
+    waiting = all(e.fields.get("waiting") for e in evs)
     return [from_events(
-        evs, id="log.store_barrier", category="collective_hang", verdict=Verdict.FAIL, confidence=0.7,
-        summary=f"process group init timed out: {ws - wc} of {ws} workers never reached the store barrier",
+        evs, id="log.store_barrier", category="collective_hang", verdict=Verdict.FAIL,
+        confidence=0.5 if waiting else 0.7,
+        summary=(f"process group init is still waiting at the store barrier: {wc} of {ws} workers joined" if waiting
+                 else f"process group init timed out: {ws - wc} of {ws} workers never reached the store barrier"),
         action="find the ranks that did not start (srun/torchrun errors, a node that failed, a slow import) "
                "and check that every node can reach MASTER_ADDR:MASTER_PORT",
         evidence={**evidence, "missing_workers": ws - wc})]
