@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Dict, Iterator, Optional
 from urllib.parse import urlsplit, urlunsplit
@@ -39,8 +40,35 @@ def cases(root: Path = CORPUS, split: Optional[str] = None) -> Iterator[Dict[str
             yield meta
 
 
-if __name__ == "__main__":  # python bench/corpus.py URL...: which split each URL falls in
+def thread_key(url: str) -> str:
+    """One thread's name whatever the form of its URL: normalised, ``www.`` dropped, a GitHub pull request or
+    discussion the same as the issue of its number (GitHub numbers them in one sequence)."""
+    n = normalize_url(url).replace("://www.", "://", 1)
+    m = re.match(r"https?://github\.com/([^/]+)/([^/]+)/(?:issues|pull|discussions)/(\d+)", n, re.IGNORECASE)
+    return f"https://github.com/{m.group(1).lower()}/{m.group(2).lower()}/issues/{m.group(3)}" if m else n
+
+
+def seen(root: Path = CORPUS) -> Dict[str, str]:
+    """thread_key -> where the thread is already known: a case of the corpus, a catalog entry written from it
+    (a seen thread is no unseen case), or a LEFT_OUT record (read and left out)."""
+    from slurm_triage.triage import catalog  # lazy: the split alone needs no package
+
+    out: Dict[str, str] = {}
+    for c in cases(root):
+        out.setdefault(thread_key(c["source"]), f"in the corpus: {c['name']} ({c['split']})")
+    for e in catalog.entries():
+        for u in e.sources:
+            out.setdefault(thread_key(u), f"cited by the catalog: {e.id}")
+    for f in sorted(root.glob("LEFT_OUT-*.md")):
+        for u in re.findall(r"https?://[^\s)>\]]+", f.read_text(errors="replace")):
+            out.setdefault(thread_key(u.rstrip(".,;")), f"left out: {f.name}")
+    return out
+
+
+if __name__ == "__main__":  # python bench/corpus.py URL...: which split each URL falls in, and if it is known
     import sys
 
+    sys.path.insert(0, str(CORPUS.parent.parent))
+    known = seen()
     for u in sys.argv[1:]:
-        print(split_of(u), normalize_url(u))
+        print(split_of(u), normalize_url(u), known.get(thread_key(u), "new"))

@@ -7,6 +7,7 @@ asserted case by case here.
 """
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any, Dict, List
@@ -70,3 +71,20 @@ def test_catalog_examples_never_come_from_validation_cases() -> None:
 def test_bench_refuses_validation_misses(capsys) -> None:
     assert bench_corpus.main(["--split", "validation", "--misses"]) == 2
     assert "aggregate only" in capsys.readouterr().err
+
+
+def test_a_gatherer_learns_whether_a_thread_is_already_known():
+    """`python bench/corpus.py URL` says whether a thread is a case already, was left out, or is one a catalog
+    entry was written from (a seen thread is no unseen case: one such validation case once slipped in)."""
+    known = corpus.seen()
+    case = next(iter(corpus.cases()))
+    assert known[corpus.thread_key(case["source"])].startswith(f"in the corpus: {case['name']}")
+    cases = {corpus.thread_key(c["source"]) for c in corpus.cases()}
+    entry, url = next((e, u) for e in catalog.entries() for u in e.sources if corpus.thread_key(u) not in cases)
+    assert known[corpus.thread_key(url)] == f"cited by the catalog: {entry.id}"
+    left = sorted(corpus.CORPUS.glob("LEFT_OUT-*.md"))[0]
+    first = re.search(r"https?://[^\s)>\]]+", left.read_text()).group(0).rstrip(".,;")
+    assert corpus.thread_key(first) in known
+    assert corpus.thread_key("https://www.github.com/NVIDIA/nccl/pull/1405/") == \
+        corpus.thread_key("https://github.com/nvidia/nccl/issues/1405#issuecomment-1")
+    assert corpus.thread_key("https://github.com/example/never-gathered/issues/1") not in known
