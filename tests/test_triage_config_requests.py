@@ -1,5 +1,5 @@
 """A job whose own request or launch is wrong, read from the line that says so (catalog/config.toml,
-config_context.toml, rules/memory.memory_request_refused, rules/nccl.store_barrier_timeouts): the
+config_context.toml, rules/slurm.memory_request_refused, rules/nccl.store_barrier_timeouts): the
 refusal, the abort or the hang names the job's configuration, not the scheduler or the fabric.
 Lines are real (the dev corpus cases and threads the catalog entries cite)."""
 from __future__ import annotations

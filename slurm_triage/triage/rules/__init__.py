@@ -39,7 +39,7 @@ RULES: Tuple[Rule, ...] = (
     Rule("log.store_barrier", ("collective_hang", "config"), nccl.store_barrier_timeouts),
     Rule("log.watchdog", ("collective_hang",), nccl.watchdog_timeouts),
     Rule("log.slurm_cancel", ("scheduler",), slurm.cancellations),
-    Rule("log.memory_request_refused", ("config",), memory.memory_request_refused),
+    Rule("log.memory_request_refused", ("config",), slurm.memory_request_refused),
     Rule("log.catalog", CATEGORIES, catalog.catalog_findings),
     Rule("log.first_error", (FALLBACK,), fallback.first_error),
 )

@@ -94,26 +94,3 @@ def held_elsewhere(events: List[LogEvent]) -> List[TriageFinding]:
             evidence=dict(f)))
     return out
 
-
-def memory_request_refused(events: List[LogEvent]) -> List[TriageFinding]:
-    """A refusal because no node can satisfy the request, beside the job's own memory request: config.
-
-    Slurm answers 'Requested node configuration is not available' when no node of the partition (or
-    cluster) could ever run the job as asked. With a --mem/--mem-per-cpu/--mem-per-gpu on the submit
-    line or in the script, the size asked for is the likeliest reason: the job's configuration, not the
-    cluster's state (without one, submission_refused names a scheduler refusal as before)."""
-    refusals = [e for e in events if e.kind == "slurm_node_config_unavailable"]
-    asks = [e for e in events if e.kind == "slurm_memory_request"]
-    if not refusals or not asks:
-        return []
-    requests = list(dict.fromkeys(f"{e.fields.get('option')}={e.fields.get('mem')}" for e in asks))
-    clusters = list(dict.fromkeys(e.fields["cluster"] for e in refusals if e.fields.get("cluster")))
-    where = f" on {', '.join(clusters)}" if clusters else ""
-    return [from_events(
-        refusals, id="log.memory_request_refused", category="config", verdict=Verdict.FAIL, confidence=0.7,
-        summary=f"Slurm refused the job{where}: no node can satisfy the request, and the job asks for "
-                f"{', '.join(requests[:3])}: more memory than the eligible nodes have",
-        action="lower the memory request to what the partition's nodes offer (sinfo -o '%P %m' shows RealMemory "
-               "in MB) or submit to a partition/cluster with larger nodes; a rule or template that computes the "
-               "size must cap it at the nodes' memory",
-        evidence={"requests": requests, "clusters": clusters, "request_lines": [e.text for e in asks[:3]]})]
