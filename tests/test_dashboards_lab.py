@@ -57,7 +57,7 @@ def run_query(lab: labmod.Lab, expr: str, instant: bool, start: float) -> Tuple[
 
 
 @pytest.fixture(scope="module")
-def demo() -> Iterator[Dict[str, Any]]:
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Any]]:
     """The lab after a demo-like run whose faults stay in place while the panels are queried."""
     lab = labmod.require()
     lab.reset()
@@ -87,21 +87,25 @@ def demo() -> Iterator[Dict[str, Any]]:
         stack.enter_context(lab.config(FAST_WATCHER))
         lab.set_scenario("node1", "h100x8-busy.json")
         lab.set_scenario("node4", "h100x8-nccl-hang.json")
+        # the step's output goes to files: ~600 log lines in 12 s (more on a faster CPU) overflow
+        # an unread 64 KiB pipe, and a blocked srun never ends (CI, 2026-12-02)
+        out_dir = tmp_path_factory.mktemp("step")
+        out, err = stack.enter_context(open(out_dir / "out", "w+")), stack.enter_context(open(out_dir / "err", "w+"))
         step = subprocess.Popen(
             ["runuser", "-u", labmod.TEST_USER, "--", "env", "-i", "PATH=/usr/bin:/bin", f"SLURM_CONF={lab.slurm_conf}",
              "srun", "--triage", "-N2", "-w", "node1,node4", "sh", "-c",
              'test "$SLURM_NODEID" = 0 && echo "$SLURM_JOB_ID"; '
              f'timeout -s INT 12 python3 {TRAIN} --steps 100000 --log-every 2 --pushgateway {lab.pushgateway_url}; true'],
-            cwd=str(lab.workdir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert step.stdout is not None
-        job = step.stdout.readline().strip()
-        assert job.isdigit(), step.communicate()[1]
+            cwd=str(lab.workdir), stdout=out, stderr=err, text=True)
+        job = wait_for(lambda: next((ln.strip() for ln in (out_dir / "out").read_text().splitlines()
+                                     if ln.strip().isdigit()), "") or step.poll() is not None and "-", 60)
+        assert job.isdigit(), (out_dir / "err").read_text()
         for node, rank in (("node1", 0), ("node4", 1)):  # the workload's own step-time groups
             stack.callback(delete_group, lab, f"training/slurm_job_id/{job}/instance/{node}/rank/{rank}")
         set_rdma(lab, "node1", "link_downed+=1")
         assert wait_for(lambda: prom_get(lab, "/api/v1/query", query=f'slurm_triage_hang_suspected{{slurm_job_id="{job}"}} == 1')["result"], 40), \
             "the watcher's hang flag never reached Prometheus"
-        assert step.wait(60) == 0
+        assert step.wait(60) == 0, (out_dir / "err").read_text()
         lab.wait_idle(["node1", "node4"])
         assert wait_for(lambda: prom_get(lab, "/api/v1/query", query=f'slurm_triage_job_gpu_energy_joules{{slurm_job_id="{job}"}}')["result"], 30)
         time.sleep(12)  # the records (fresh findings) catch up with the last scrape
