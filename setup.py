@@ -9,7 +9,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
     packages=find_packages(include=["slurm_triage", "slurm_triage.*"]),
-    package_data={"slurm_triage.triage.catalog": ["*.toml"], "slurm_triage.triage": ["lexicon.toml", "prior.json"]},
+    package_data={"slurm_triage.triage.catalog": ["*.toml"], "slurm_triage.triage": ["lexicon.toml", "healthy.toml", "prior.json"]},
     install_requires=[
         "nvidia-ml-py>=12.535.133",
         "psutil>=5.9",

@@ -7,14 +7,19 @@ confidence ``unknown`` first-error finding), and confident-wrong answers (confid
 wrong category). ``--misses`` lists the wrong dev cases; it refuses validation, whose cases are
 only ever reported in aggregate (rules are tuned on dev alone).
 
+Healthy logs (tests/corpus_healthy: real output their sources call fine) measure false alarms,
+split the same way: a false alarm is a first finding in one of the nine categories; an
+``unknown`` first-error finding points at a line without naming a cause.
+
 Usage: python bench/bench_corpus.py [--split dev|validation|all] [--format text|json] [--misses]
+                                   [--corpus DIR] [--healthy DIR]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Set
 
@@ -46,6 +51,26 @@ def judge(case: Dict[str, Any]) -> Dict[str, Any]:
             "summary": root.summary if root else None, "right": got == case["category"],
             "nothing": root is None, "fallback_only": got == FALLBACK,
             "confident_wrong": bool(root and got != case["category"] and root.confidence >= CONFIDENT)}
+
+
+def judge_healthy(case: Dict[str, Any]) -> Dict[str, Any]:
+    """The first finding of ``triage_logs`` on a healthy log: none is right."""
+    result = triage_logs([case["log"]])
+    root = result.findings[0] if result.findings else None
+    got = root.category if root else None
+    return {"name": case["name"], "split": case["split"], "got": got, "got_id": root.id if root else None,
+            "got_confidence": root.confidence if root else None,
+            "alarm": got not in (None, FALLBACK), "pointed": got == FALLBACK,
+            "confident_alarm": bool(root and got != FALLBACK and root.confidence >= CONFIDENT)}
+
+
+def healthy_figures(judged: List[Dict[str, Any]]) -> Dict[str, Any]:
+    alarms = [j for j in judged if j["alarm"]]
+    return {"logs": len(judged), "quiet": sum(j["got"] is None for j in judged),
+            "unknown_only": sum(j["pointed"] for j in judged), "false_alarms": len(alarms),
+            "false_alarm_percent": _share(len(alarms), len(judged)),
+            "confident_false_alarms": sum(j["confident_alarm"] for j in judged),
+            "by_rule": dict(sorted(Counter(j["got_id"] for j in alarms).items()))}
 
 
 def _share(n: int, d: int) -> Optional[float]:
@@ -97,6 +122,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--misses", action="store_true", help="list the dev cases answered wrong (dev only)")
     ap.add_argument("--corpus", type=Path, default=corpus.CORPUS, metavar="DIR",
                     help="a corpus folder of the same layout (default: tests/corpus), e.g. a batch of new cases")
+    ap.add_argument("--healthy", type=Path, default=corpus.HEALTHY, metavar="DIR",
+                    help="healthy logs of the same layout, for false alarms (default: tests/corpus_healthy)")
     a = ap.parse_args(argv)
     if a.misses and a.split != "dev":
         print("bench_corpus: --misses needs --split dev: validation cases are reported in aggregate only",
@@ -112,6 +139,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         doc["validation"]["cited_by_catalog"] = len(seen)
         if seen:
             doc["validation_unseen"] = figures([j for j in judged["validation"] if not j["cited"]])
+    if a.healthy.is_dir():
+        doc["healthy"] = {s: healthy_figures([judge_healthy(c) for c in corpus.cases(a.healthy, split=s)])
+                          for s in splits}
     if a.misses:
         doc["dev_misses"] = [j for j in judged["dev"] if not j["right"]]
     if a.format == "json":
@@ -122,6 +152,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         if s == "validation" and doc[s].get("cited_by_catalog"):
             print(f"  ({doc[s]['cited_by_catalog']} validation cases come from threads the catalog cites; without them:)")
             print("\n".join(_text("validation, unseen threads only", doc["validation_unseen"])))
+    for s, h in doc.get("healthy", {}).items():
+        print(f"== healthy logs, {s}: {h['logs']}")
+        print(f"  quiet {h['quiet']}, unknown only {h['unknown_only']}, false alarms {h['false_alarms']} "
+              f"({h['false_alarm_percent']}%), confident (>= {CONFIDENT}) {h['confident_false_alarms']}")
+        for rule, n in h["by_rule"].items():
+            print(f"    {rule:<40} {n}")
     for j in doc.get("dev_misses", []):
         print(f"MISS {j['name']} [{j['confidence']}] want {j['category']} got {j['got']} "
               f"({j['got_id']}, {j['got_confidence']}): {j['summary']}")

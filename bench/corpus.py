@@ -15,6 +15,9 @@ from typing import Any, Dict, Iterator, Optional
 from urllib.parse import urlsplit, urlunsplit
 
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "corpus"
+# Real logs of runs, nodes and commands their sources call fine (meta.json: source, healthy, input,
+# note; no category): they measure false alarms. The same split by source URL applies.
+HEALTHY = CORPUS.parent / "corpus_healthy"
 VALIDATION_PERCENT = 30
 CONFIDENCES = ("established", "likely", "unresolved")
 
@@ -48,9 +51,9 @@ def thread_key(url: str) -> str:
     return f"https://github.com/{m.group(1).lower()}/{m.group(2).lower()}/issues/{m.group(3)}" if m else n
 
 
-def seen(root: Path = CORPUS) -> Dict[str, str]:
+def seen(root: Path = CORPUS, healthy: Path = HEALTHY) -> Dict[str, str]:
     """thread_key -> where the thread is already known: a case of the corpus, a catalog entry written from it
-    (a seen thread is no unseen case), or a LEFT_OUT record (read and left out)."""
+    (a seen thread is no unseen case), a healthy log, or a LEFT_OUT record (read and left out)."""
     from slurm_triage.triage import catalog  # lazy: the split alone needs no package
 
     out: Dict[str, str] = {}
@@ -59,7 +62,10 @@ def seen(root: Path = CORPUS) -> Dict[str, str]:
     for e in catalog.entries():
         for u in e.sources:
             out.setdefault(thread_key(u), f"cited by the catalog: {e.id}")
-    for f in sorted(root.glob("LEFT_OUT-*.md")):
+    if healthy.is_dir():
+        for c in cases(healthy):
+            out.setdefault(thread_key(c["source"]), f"a healthy log: {c['name']} ({c['split']})")
+    for f in sorted([*root.glob("LEFT_OUT-*.md"), *healthy.glob("LEFT_OUT-*.md")]):
         for u in re.findall(r"https?://[^\s)>\]]+", f.read_text(errors="replace")):
             out.setdefault(thread_key(u.rstrip(".,;")), f"left out: {f.name}")
     return out

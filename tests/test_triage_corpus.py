@@ -62,10 +62,28 @@ def test_no_confident_wrong_answer_on_unresolved_dev_cases(dev: List[Dict[str, A
 def test_catalog_examples_never_come_from_validation_cases() -> None:
     """No catalog entry cites the thread of a validation case: rules and their example lines are
     never taken from a case that measures them. (Only the entry ids are printed, never the cases.)"""
-    validation = {corpus.normalize_url(c["source"]) for c in corpus.cases(split="validation")}
+    validation = {corpus.normalize_url(c["source"]) for root in (corpus.CORPUS, corpus.HEALTHY)
+                  for c in corpus.cases(root, split="validation")}
     leaked = sorted({f"{e.file}:{e.id}" for e in catalog.entries() for url in e.sources
                      if corpus.normalize_url(url) in validation})
     assert not leaked, f"catalog entries cite validation cases: {leaked}"
+
+
+def test_healthy_logs_are_well_formed() -> None:
+    """Healthy logs carry a source, say they are healthy and why, and name no category (no cause to find)."""
+    logs = list(corpus.cases(corpus.HEALTHY))
+    assert len(logs) >= 10
+    for c in logs:
+        assert c["source"].startswith("https://") and c.get("healthy") is True, c["name"]
+        assert c.get("note") and c.get("input") and "category" not in c, c["name"]
+        assert Path(c["log"]).stat().st_size > 0, c["name"]
+
+
+def test_no_confident_false_alarm_on_dev_healthy_logs() -> None:
+    """A rule that fires at >= CONFIDENT on output its source calls fine is wrong about that shape."""
+    judged = [bench_corpus.judge_healthy(c) for c in corpus.cases(corpus.HEALTHY, split="dev")]
+    loud = [(j["name"], j["got_id"], j["got_confidence"]) for j in judged if j["confident_alarm"]]
+    assert judged and not loud, loud
 
 
 def test_bench_refuses_validation_misses(capsys) -> None:

@@ -13,7 +13,7 @@ import zlib
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..config import Config
-from . import lexicon
+from . import healthy, lexicon
 from .logs import error_lines, expand_paths, scan_many
 from .model import SCHEMA, JobEvidence, LogEvent, TriageFinding
 from .rules import fallback, prior, run_job_rules, run_rules
@@ -38,8 +38,8 @@ class TriageResult:
 
 def first_error_events(paths: Sequence[str], logs: Dict[str, Dict[str, Any]]) -> List[LogEvent]:
     """The first traceback exception / error line of every readable log, the lexicon's words near
-    them, (for a log with such lines) the lexicon's words over its head too, and the words the learned
-    prior knows (second pass, bounded)."""
+    them, (for a log with such lines) the lexicon's words over its head too, the words the learned
+    prior knows, and the lines that say a run succeeded (second pass, bounded)."""
     out: List[LogEvent] = []
     for i, p in enumerate(paths):
         if (logs.get(p) or {}).get("read"):
@@ -49,6 +49,7 @@ def first_error_events(paths: Sequence[str], logs: Dict[str, Dict[str, Any]]) ->
                 if first:
                     out += lexicon.hits(p, i, kind=lexicon.WHOLE_KIND)
                 out += [e for e in (prior.event(p, i),) if e is not None]
+                out += healthy.events(p, i)
             except (OSError, EOFError, zlib.error, subprocess.SubprocessError):
                 continue  # the scan already read it; a second-pass failure only loses the hint
     return out

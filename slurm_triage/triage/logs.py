@@ -507,17 +507,22 @@ _EXCEPTION = re.compile(r"^(?:\[rank\d+\]:\s?|[\w.-]+: )?(?P<exc>(?:[A-Za-z_]\w*
                         r"(?:Error|Exception|Interrupt|Failure|Exit))(?::\s|:?$)")
 _ERROR = re.compile(r"\b(?:error|fatal|failed|failure|panic|abort(?:ed|ing)?|segmentation fault|core dumped|killed)\b",
                     re.IGNORECASE)
-_NOT_ERROR = re.compile(r"\b(?:0|no) errors?\b|error[_-]?(?:rate|count|log|file)|errors?=0\b|ignore[_ -]?errors?",
+_NOT_ERROR = re.compile(r"\b(?:0|no) errors?\b|error[_-]?(?:rate|count|log|file)|errors?=0\b|ignore[_ -]?errors?"
+                        r"|\balgbw\s+busbw\s+error\b",  # nccl-tests' column header (its "error" is a value deviation)
                         re.IGNORECASE)
 MAX_ERROR_LINES = 400
 
 
-def _errorish_lines(path: str) -> Iterable[Tuple[int, bytes]]:
+def grep_lines(path: str, needles: Iterable[str], fold: bool = True, limit: int = MAX_ERROR_LINES
+               ) -> Iterable[Tuple[int, bytes]]:
+    """(line number, line) of the first ``limit`` lines of ``path`` holding any of ``needles`` (literal;
+    ``fold``: case-insensitive), through grep where it runs, else read here."""
+    needles = tuple(needles)
     grep = grep_binary()
     path = os.path.abspath(path)
     if grep and not _is_gzip(path):
-        argv = [grep, "-a", "-n", "-i", "-F", "-m", str(MAX_ERROR_LINES)]
-        argv += [a for n in _ERRORISH for a in ("-e", n)] + ["--", path]
+        argv = [grep, "-a", "-n", "-F", "-m", str(limit)] + (["-i"] if fold else [])
+        argv += [a for n in needles for a in ("-e", n)] + ["--", path]
         cp = subprocess.run(argv, capture_output=True, env=_TOOL_ENV, cwd="/", timeout=60)
         if cp.returncode > 1:
             raise OSError(f"grep exit {cp.returncode}: {cp.stderr.decode('utf-8', 'replace').strip()[:200]}")
@@ -526,14 +531,15 @@ def _errorish_lines(path: str) -> Iterable[Tuple[int, bytes]]:
             if num.isdigit():
                 yield int(num), line[:MAX_LINE_BYTES]
         return
+    keys = tuple(n.lower().encode() if fold else n.encode() for n in needles)
     found = 0
     with open_log(path) as fh:
         for n, line in enumerate(fh, 1):
-            low = line[:MAX_LINE_BYTES].lower()
-            if any(k.encode() in low for k in _ERRORISH):
+            low = line[:MAX_LINE_BYTES].lower() if fold else line[:MAX_LINE_BYTES]
+            if any(k in low for k in keys):
                 yield n, line[:MAX_LINE_BYTES]
                 found += 1
-                if found >= MAX_ERROR_LINES:
+                if found >= limit:
                     return
 
 
@@ -545,7 +551,7 @@ def error_lines(path: str, file_index: int = 0, source: Optional[str] = None) ->
     in_traceback = False
     want = {"first_exception", "first_error"}
     year: Optional[int] = None
-    for n, raw in _errorish_lines(path):
+    for n, raw in grep_lines(path, _ERRORISH):
         line = raw.replace(b"\x00", b"").decode("utf-8", "replace").rstrip("\r\n")
         full, label_rank = undecorate(line)
         text = full.strip()

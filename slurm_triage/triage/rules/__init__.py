@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Tuple
 
 from ...model import Verdict
+from .. import healthy
 from ..model import CATEGORIES, FALLBACK, JobEvidence, LogEvent, TriageFinding
 from . import catalog, fallback, gpu, memory, metrics, nccl, pushed, slurm
+from .common import of_kind
 
 RuleFn = Callable[[Any], List[TriageFinding]]
 """A log rule takes List[LogEvent], a job rule (in JOB_RULES) takes JobEvidence."""
@@ -217,15 +219,31 @@ def _log_findings(events: List[LogEvent], rules: Tuple[Rule, ...]) -> List[Triag
     return out
 
 
+ABSENCE_GUESSES = r"^log\.setting\.|^stall\."
+"""Findings that infer a failure from what a log shows quietly or lacks (a setting, a log that stops):
+a log that says its run succeeded, without any error line, contradicts them (:func:`_unless_healthy`)."""
+
+
+def _unless_healthy(events: List[LogEvent], findings: List[TriageFinding]) -> List[TriageFinding]:
+    """Nothing, when the log says its run succeeded (:mod:`..healthy` markers), shows no error line and
+    holds only guesses (the fallback's, :data:`ABSENCE_GUESSES`): a healthy run's settings and words
+    name no cause. Else ``findings`` as they are."""
+    if not of_kind(events, healthy.KIND) or of_kind(events, "first_error") or of_kind(events, "first_exception"):
+        return findings
+    if all(fallback.is_fallback(f) or re.search(ABSENCE_GUESSES, f.id) for f in findings):
+        return []
+    return findings
+
+
 def run_rules(events: List[LogEvent], rules: Optional[Tuple[Rule, ...]] = None) -> List[TriageFinding]:
     """Every rule over ``events``, correlated and ranked."""
-    return correlate(_log_findings(events, rules or RULES))
+    return correlate(_unless_healthy(events, _log_findings(events, rules or RULES)))
 
 
 def run_job_rules(ev: JobEvidence) -> List[TriageFinding]:
     """Log rules over ``ev.events`` and job rules over ``ev``, correlated together: first failure wins
     across log and metric evidence."""
-    out = _log_findings(ev.events, RULES)
+    out = _unless_healthy(ev.events, _log_findings(ev.events, RULES))
     for rule in JOB_RULES:
         out.extend(rule.fn(ev))
     return correlate(out)
