@@ -31,9 +31,10 @@ CONFIDENCE = 0.15         # a guess from words alone: below the first-error find
 HEAD_BYTES = 1 << 20      # what is read of a log: bounded time (~10 ms a MiB), like the lexicon's head
 MAX_TOKEN = 40
 SHOWN = 5                 # words named in a finding
-MIN_WORDS = 2
+MIN_WORDS = 3
 """Known words a guess needs: one word ("step" of "step 1 ok") is a coincidence, not a lead (5-fold CV within dev,
-541 cases: 297 right of 369 answered, against 298 of 370 with one)."""
+541 cases: 297 right of 369 answered, against 298 of 370 with one); two words every run prints ("step", "loss" of a
+clean training log) are none either (687 dev cases, 2026-12-02: no dev answer rests on fewer than 3)."""
 _WORD_BYTES = b"abcdefghijklmnopqrstuvwxyz0123456789_-"
 _SPLIT = bytes(c if c in _WORD_BYTES else 32 for c in range(256))
 """Every byte that cannot be part of a word becomes a space (after ASCII lower-casing): binary-safe, C speed."""
