@@ -14,13 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Pattern, Tuple
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python < 3.11
-    import tomli as tomllib  # type: ignore[no-redef]
-
 from .decoration import undecorate
 from .model import LogEvent
+from .tables import tables
 
 PATH = Path(__file__).resolve().parent / "healthy.toml"
 KIND = "healthy_marker"
@@ -61,13 +57,7 @@ def _marker(raw: dict, n: int) -> Marker:
 
 def load(path: Path = PATH) -> Tuple[Marker, ...]:
     """The markers at ``path``, validated; HealthyError names the marker and key of any mistake."""
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as e:
-        raise HealthyError(f"{path.name}: not valid TOML: {e}") from None
-    if set(data) - {"marker"}:
-        raise HealthyError(f"{path.name}: only [[marker]] tables are allowed")
-    out = tuple(_marker(m, i) for i, m in enumerate(data.get("marker", []), 1))
+    out = tuple(_marker(m, i) for i, m in enumerate(tables(path, "marker", HealthyError), 1))
     ids = [m.id for m in out]
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:

@@ -17,13 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, Iterator, List, Optional, Pattern, Sequence, Tuple
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python < 3.11
-    import tomli as tomllib  # type: ignore[no-redef]
-
 from .decoration import undecorate
 from .model import CATEGORIES, LogEvent
+from .tables import tables
 
 PATH = Path(__file__).resolve().parent / "lexicon.toml"
 KIND = "lexicon_hit"
@@ -118,13 +114,7 @@ def _group(raw: Dict[str, object], index: int) -> Group:
 
 def load(path: Path = PATH) -> Lexicon:
     """The lexicon at ``path``, validated; LexiconError names the group and key of any mistake."""
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as e:
-        raise LexiconError(f"{path.name}: not valid TOML: {e}") from None
-    if set(data) - {"group"}:
-        raise LexiconError(f"{path.name}: only [[group]] tables are allowed")
-    groups = tuple(_group(g, i) for i, g in enumerate(data.get("group", []), 1))
+    groups = tuple(_group(g, i) for i, g in enumerate(tables(path, "group", LexiconError), 1))
     by_word: Dict[str, List[Term]] = {}
     for g in groups:
         for t in g.terms:
