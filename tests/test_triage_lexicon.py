@@ -296,3 +296,14 @@ def test_warnings_speak_in_a_log_without_errors(tmp_path: Path) -> None:
     assert f.category == "thermal_power" and f.confidence < fallback.GUESS_CONFIDENCE - 0.05
     assert f.evidence["lexicon"]["words"] == ["temp"]  # one distinct word: at UNANCHORED it would be no guess
     assert 1.5 * fallback.UNANCHORED < fallback.MIN_SCORE <= 1.5 * fallback.WARNED
+
+
+def test_fields_that_report_nothing_wrong_give_no_words() -> None:
+    """A result cell that says its test passed (dcgmi's table), nvidia-smi's CSV query header and a CamelCase
+    field name of Slurm's records name no failure; the same words where something failed still count."""
+    assert lexicon.words_in("| Page Retirement           | Pass                                           |") == []
+    assert "page retirement" in lexicon.words_in("| Page Retirement | Fail - GPU: 0 |")
+    assert lexicon.words_in("index, name, temperature.gpu, power.draw [W], power.limit [W], "
+                            "ecc.errors.corrected.volatile.total, ecc.errors.uncorrected.volatile.total") == []
+    assert "thread*" not in lexicon.words_in("State=IDLE ThreadsPerCore=1 TmpDisk=0 Weight=40 Owner=N/A")
+    assert "thread*" in lexicon.words_in("threads leaked after restore: 12")

@@ -253,3 +253,10 @@ def test_an_error_line_nothing_named_takes_a_smaller_lead_of_the_prior(tmp_path:
     assert root.evidence["prior"]["guess"] == "security"
     quiet = write(tmp_path, ["frobnicate wibble zorch"], "quiet.log")
     assert not any(f.id == prior.ID for f in triage_logs([str(quiet)]).findings)
+
+
+def test_a_passed_test_cell_is_no_word() -> None:
+    """dcgmi's '| Page Retirement | Pass |' names what it does not report, as 'Thermal HW: false' does."""
+    got = prior.words(b"| Page Retirement           | Pass                                           |\n"
+                      b"| NVLink | Fail - GPU: 0 |\n")
+    assert "retirement" not in got and {"nvlink", "fail"} <= got

@@ -141,16 +141,23 @@ _DUMP_HEADER = re.compile(r'^\s*(?:Thread (?:0x[0-9A-Fa-f]+|\d+) \([\w+ ]+\)(?::
 """A stack dump's own headers (py-spy's ``Thread 46 (idle): "MainThread"``, ``Process N:``, ``Python v3``;
 faulthandler's ``Thread 0x... (most recent call first):``): the dump's layout, not thread exhaustion."""
 _TABLE_HEADER = re.compile(r"^\s*\|?\s*(?:NVIDIA-SMI \d|GPU\s+Name\s|Fan\s+Temp\s+Perf|Processes:|GPU\s+(?:GI\s+CI\s+)?PID\s"
-                           r"|(?:GPU|Device)\s+(?:Node\s+IDs\s+)?Temp\s)")
+                           r"|(?:GPU|Device)\s+(?:Node\s+IDs\s+)?Temp\s)"
+                           r"|^\s*(?:(?:index|name|uuid|timestamp|[a-z_]+(?:\.[a-z_]+)+)(?: \[[^\]]*\])?,\s*){2,}")
 """A GPU table's own column headers (nvidia-smi's ``Driver Version`` / ``Volatile Uncorr. ECC`` / ``Fan  Temp``
-rows, rocm-smi's ``GPU  Temp  AvgPwr ... Fan``): printed by every table, healthy or not, so no signal."""
+rows, rocm-smi's ``GPU  Temp  AvgPwr ... Fan``, ``nvidia-smi --query-gpu``'s CSV header ``index, name,
+temperature.gpu, ...``): printed by every table, healthy or not, so no signal."""
+_KEY = re.compile(r"[A-Z][a-z]+(?:[A-Z][a-z0-9]*)+=")
+"""A CamelCase ``Key=`` of Slurm's node and job records (``ThreadsPerCore=1``, ``CoresPerSocket=``): a field's
+name, which a prefix term (``thread*``) must not read as the thing."""
 _DUMP_FRAME = re.compile(r"^\s*(?P<func>[\w.<>]+) \([^()\s]+:\d+\)\s*$")
 """A py-spy frame, ``    wait (threading.py:324)`` (its indent may be stripped already): its function names
 what a thread does, its file path does not."""
-_ABSENT = re.compile(r"[\w ]{0,12}?\s*[:=]\s*(?:false|no|none|off|disabled|inactive|not active|n/a)"
+_ABSENT = re.compile(r"[\w ]{0,12}?\s*(?:[:=]\s*(?:false|no|none|off|disabled|inactive|not active|n/a)"
+                     r"|\|\s*(?:pass|skip)(?:\s*-\s*all)?\s*)"
                      r"(?=\s*(?:$|[,;)\]|]))", re.IGNORECASE)
 """A label whose value (the whole field) says the thing is absent (``Thermal HW: false``, ``HW Slowdown :
-Not Active``): a status table's field names the condition it does NOT report (``NET/IB : No route`` is no value)."""
+Not Active``), or a result table's cell that says its test passed or did not run (dcgmi's ``| Page Retirement
+| Pass |``): a status table's field names the condition it does NOT report (``NET/IB : No route`` is no value)."""
 _NO_READING = re.compile(r"\s*[:=]\s*-?0+(?:\.0+)?\s*°?\s*C\b", re.IGNORECASE)
 """A temperature that reads exactly zero degrees: a sensor that reports nothing, not heat."""
 _TEMPERATURE = ("temperature", "temp")
@@ -194,6 +201,8 @@ def words_in(text: str, lex: Optional[Lexicon] = None) -> List[str]:
             continue
         for m in rx.finditer(text):
             a, b = m.span()
+            if term.endswith("*") and _KEY.match(text, a):
+                continue
             if not any(a < y and x < b for x, y in taken):  # a longer term already holds these characters
                 taken.append((a, b))
                 if all(w != term for _, w in found) and not _denied(text, b, term):

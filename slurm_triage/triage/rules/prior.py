@@ -73,6 +73,7 @@ _RARE_VALUES = (b"false", b"disabled", b"inactive", b"not active", b"n/a",
 """Values that say a field's thing is absent, zero-degree temperatures included (a sensor that reads nothing,
 as the lexicon's _NO_READING has it: ``Temperature: 0.00°C``)."""
 _COMMON_VALUES = (b"no",)  # a word of prose too: only looked for right after ": " (nvidia-smi -q's "Pending : No")
+_CELL_VALUES = (b"pass", b"skip")  # a result table's cell (dcgmi's "| Page Retirement | Pass |"): only after "| "
 _SEPARATORS = (b":", b": ", b"=", b"= ")
 _VALUE_END = frozenset(b" \t\r\n,;)]|")
 _LABEL_STOPS = (b"\n", b",", b";", b"|", b"(", b"[")
@@ -82,11 +83,11 @@ MAX_ABSENT = 4096         # absent fields blanked per log (bounded time on a pat
 
 def _without_absent_fields(low: bytes) -> bytes:
     """``low`` with the label of every field whose value says the thing is absent blanked out: a status
-    table's ``Thermal HW: false``, nvidia-smi -q's ``HW Slowdown : Not Active`` name what they do NOT
-    report (the lexicon reads them so too). Literal searches (C speed, ~0.3 ms a MiB each), not a regex
+    table's ``Thermal HW: false``, nvidia-smi -q's ``HW Slowdown : Not Active``, a dcgmi test's ``| Pass |``
+    name what they do NOT report (the lexicon reads them so too). Literal searches (C speed, ~0.3 ms a MiB each), not a regex
     over the whole log; a value that the log does not hold at all costs one search."""
     needles = [sep + v for v in _RARE_VALUES if v in low for sep in _SEPARATORS]
-    needles += [b": " + v for v in _COMMON_VALUES]
+    needles += [b": " + v for v in _COMMON_VALUES] + [b"| " + v for v in _CELL_VALUES if v in low]
     spans: List[Tuple[int, int]] = []
     for needle in needles:
         at = low.find(needle)
