@@ -74,3 +74,15 @@ def test_nccl_tests_column_header_is_not_an_error_line(tmp_path: Path) -> None:
     assert error_lines(str(p)) == []
     p.write_text(header + "\nNCCL error: unhandled system error\n")
     assert [e.line for e in error_lines(str(p))] == [2]
+
+
+@pytest.mark.parametrize("benign", [
+    "        Correctable Error                 : 0",
+    "[1,0]<stdout>:nccl-tests-efa-16-worker-0:25:25 [0] NCCL INFO NET/Plugin: Failed to find ncclCollNetPlugin_v4 symbol.",
+])
+def test_counters_at_zero_and_plugin_probes_are_no_error_lines(tmp_path: Path, benign: str) -> None:
+    """Real lines of dev healthy logs (nvidia-smi -q, NCCL INFO) that say 'error'/'failed' of nothing wrong; a counter
+    that is not zero (a real line, the lexicon's gpu_hardware example) still is an error line."""
+    p = tmp_path / "x.log"
+    p.write_text(benign + "\n" + "Uncorrectable Error               : 4\n")
+    assert [e.line for e in error_lines(str(p))] == [2]

@@ -508,7 +508,9 @@ _EXCEPTION = re.compile(r"^(?:\[rank\d+\]:\s?|[\w.-]+: )?(?P<exc>(?:[A-Za-z_]\w*
 _ERROR = re.compile(r"\b(?:error|fatal|failed|failure|panic|abort(?:ed|ing)?|segmentation fault|core dumped|killed)\b",
                     re.IGNORECASE)
 _NOT_ERROR = re.compile(r"\b(?:0|no) errors?\b|error[_-]?(?:rate|count|log|file)|errors?=0\b|ignore[_ -]?errors?"
-                        r"|\balgbw\s+busbw\s+error\b",  # nccl-tests' column header (its "error" is a value deviation)
+                        r"|\berrors?\s*:\s*0\s*$"  # a counter at zero (nvidia-smi -q's "Correctable Error : 0")
+                        r"|\balgbw\s+busbw\s+error\b"  # nccl-tests' column header (its "error" is a value deviation)
+                        r"|NET/Plugin ?: Failed to find nccl\w+ symbol",  # NCCL probing its plugins' older API versions
                         re.IGNORECASE)
 MAX_ERROR_LINES = 400
 
