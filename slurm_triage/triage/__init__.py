@@ -151,11 +151,22 @@ def triage_job(cfg: Config, job_id: Optional[str], logs: Sequence[str] = (), bas
                                **{k: v for k, v in base_sources.items() if not v.get("read")}}
     findings = run_job_rules(ev)
     if only_weak(findings):
-        ev.events += first_error_events(paths, sources["logs"])
+        ev.events += first_error_events(paths, sources["logs"]) + completed(facts)
         findings = run_job_rules(ev)
     result = TriageResult(job_id, findings, sources, ev.events)
     result.job_facts = ev.job
     return result
+
+
+def completed(facts: Any) -> List[LogEvent]:
+    """Slurm's word that the job and every step of it succeeded (COMPLETED, exit 0, no signal), as a success
+    marker (:mod:`.healthy`): with no error line in its logs, the word guess and setting hints name no cause."""
+    if facts is None or facts.state != "COMPLETED" or facts.exit_code != 0 or facts.signal:
+        return []
+    if any(st.get("state") != "COMPLETED" for st in facts.steps):
+        return []
+    return [LogEvent(healthy.KIND, "slurm", 0, f"job {facts.job_id}: state COMPLETED, exit 0",
+                     fields={"marker": "slurm_completed", "what": "Slurm says the job and its steps completed, exit 0"})]
 
 
 def evidence_read(sources: Dict[str, Any]) -> bool:
