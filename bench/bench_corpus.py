@@ -21,7 +21,7 @@ import json
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -39,11 +39,15 @@ def cited_threads() -> Set[str]:
     return {corpus.normalize_url(u) for e in catalog.entries() for u in e.sources}
 
 
+def _root(log: str) -> Tuple[Any, Optional[str]]:
+    """The first finding of ``triage_logs`` on ``log`` and its category (None, None when nothing was found)."""
+    found = triage_logs([log]).findings
+    return (found[0], found[0].category) if found else (None, None)
+
+
 def judge(case: Dict[str, Any]) -> Dict[str, Any]:
     """The first finding of ``triage_logs`` on the case's log, against its meta."""
-    result = triage_logs([case["log"]])
-    root = result.findings[0] if result.findings else None
-    got = root.category if root else None
+    root, got = _root(case["log"])
     return {"name": case["name"], "split": case["split"], "category": case["category"],
             "cited": corpus.normalize_url(case["source"]) in cited_threads(),
             "confidence": case.get("confidence", "unresolved"), "got": got,
@@ -55,9 +59,7 @@ def judge(case: Dict[str, Any]) -> Dict[str, Any]:
 
 def judge_healthy(case: Dict[str, Any]) -> Dict[str, Any]:
     """The first finding of ``triage_logs`` on a healthy log: none is right."""
-    result = triage_logs([case["log"]])
-    root = result.findings[0] if result.findings else None
-    got = root.category if root else None
+    root, got = _root(case["log"])
     return {"name": case["name"], "split": case["split"], "got": got, "got_id": root.id if root else None,
             "got_confidence": root.confidence if root else None,
             "alarm": got not in (None, FALLBACK), "pointed": got == FALLBACK,

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import List, Pattern, Tuple
 
 from .decoration import undecorate
+from .logs import grep_lines
 from .model import LogEvent
 from .tables import tables
 
@@ -78,8 +79,6 @@ def match(text: str) -> List[Marker]:
 
 def events(path: str, file_index: int = 0) -> List[LogEvent]:
     """One event per marker line of ``path`` (at most MAX_LINES lines are read)."""
-    from .logs import grep_lines  # logs imports much; only the second pass needs it
-
     out: List[LogEvent] = []
     needles = [n for m in markers() for n in m.needles]
     for n, raw in grep_lines(path, needles, fold=False, limit=MAX_LINES):

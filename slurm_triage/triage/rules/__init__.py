@@ -219,7 +219,7 @@ def _log_findings(events: List[LogEvent], rules: Tuple[Rule, ...]) -> List[Triag
     return out
 
 
-ABSENCE_GUESSES = r"^log\.setting\.|^stall\."
+ABSENCE_GUESSES = SETTING_HINTS + r"|^stall\."
 """Findings that infer a failure from what a log shows quietly or lacks (a setting, a log that stops):
 a log that says its run succeeded, without any error line, contradicts them (:func:`_unless_healthy`)."""
 
