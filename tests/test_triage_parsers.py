@@ -9,7 +9,7 @@ from typing import List
 
 import pytest
 
-from slurm_triage.triage import logs, parsers, triage_logs
+from slurm_triage.triage import lexicon, logs, parsers, triage_logs
 from slurm_triage.triage.model import CATEGORIES, LogEvent, TriageFinding
 from slurm_triage.triage.parsers import kernel, nvidia_smi
 from slurm_triage.triage.rules import correlate, run_rules, structured
@@ -484,6 +484,21 @@ def test_ibstat_ports_and_a_spare_port_down_is_only_a_weak_note() -> None:
     assert (f.id, f.category, f.consequence, f.confidence) == ("ib.port.polling", "network", True, 0.3)
     assert "mlx4_0 port 2" in f.summary and "no physical link" in f.summary
     assert f.evidence["active_ports"] == ["mlx4_0 port 1"]
+
+
+def test_the_fallback_pass_words_on_a_parsed_line_leave_its_reading_standing() -> None:
+    """The second pass's events (error lines, lexicon words, prior words, success markers) judge nothing: a
+    lexicon hit on the Down port's line must not count as the line scanner's finding of it."""
+    from slurm_triage.triage import healthy
+    from slurm_triage.triage.rules import prior
+
+    [down] = [e for e in kinds("infiniband/archwiki-ibstat-port2-polling.txt", "ib_port") if e.fields["state"] == "Down"]
+    ports = kinds("infiniband/archwiki-ibstat-port2-polling.txt", "ib_port")
+    for kind in ("first_error", lexicon.KIND, lexicon.WHOLE_KIND, prior.KIND, healthy.KIND):
+        hit = LogEvent(kind, down.source, down.line, down.text, fields={"words": ["state: down"]})
+        assert [f.id for f in structured.ib_ports(ports + [hit])] == ["ib.port.polling"], kind
+    scanned = LogEvent("catalog", down.source, down.line, down.text)  # a catalog signature's event: it judged the line
+    assert structured.ib_ports(ports + [scanned]) == []
 
 
 def test_ib_port_down_with_no_active_port_is_the_finding() -> None:

@@ -31,9 +31,11 @@ HEAD_BYTES = 4 << 20      # what is read of a log without any error line (the pa
 WINDOW = 40               # lines read on either side of a first error line
 MAX_LINE_CHARS = 4096
 _KEYS = {"category": str, "weight": float, "terms": list, "sources": list, "examples": list}
-_OPTIONAL = {"names_cause": bool}
+_OPTIONAL = {"names_cause": bool, "near_error": bool}
 """``names_cause = true``: the group's words name a cause even far from any error line (a setting the
-job chose), so that over a bare communication symptom they may say what lies behind it (rules.fallback.cause_lean)."""
+job chose), so that over a bare communication symptom they may say what lies behind it (rules.fallback.cause_lean).
+``near_error = true``: the group's words count only on the lines near a first error (a part named in a failure
+says more than the same part named in a pasted status table or an admin's drain reason)."""
 
 
 class LexiconError(ValueError):
@@ -46,6 +48,7 @@ class Term:
     category: str
     weight: float
     names_cause: bool = False
+    near_error: bool = False
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class Group:
     sources: Tuple[str, ...]
     examples: Tuple[str, ...]
     names_cause: bool = False
+    near_error: bool = False
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,8 @@ def _group(raw: Dict[str, object], index: int) -> Group:
     if any(not s.startswith("https://") for s in raw["sources"]):  # type: ignore[union-attr]
         raise LexiconError(f"{where}:sources: every source is an https:// URL")
     return Group(str(raw["category"]), float(raw["weight"]), terms,  # type: ignore[arg-type]
-                 tuple(raw["sources"]), tuple(raw["examples"]), bool(raw.get("names_cause", False)))  # type: ignore[arg-type]
+                 tuple(raw["sources"]), tuple(raw["examples"]), bool(raw.get("names_cause", False)),  # type: ignore[arg-type]
+                 bool(raw.get("near_error", False)))
 
 
 def load(path: Path = PATH) -> Lexicon:
@@ -120,7 +125,7 @@ def load(path: Path = PATH) -> Lexicon:
         for t in g.terms:
             if any(x.category == g.category for x in by_word.get(t, [])):
                 raise LexiconError(f"{path.name}: term {t!r} appears twice under {g.category}")
-            by_word.setdefault(t, []).append(Term(t, g.category, g.weight, g.names_cause))
+            by_word.setdefault(t, []).append(Term(t, g.category, g.weight, g.names_cause, g.near_error))
     # Longest first, so that a phrase wins over a word inside it ("cuda out of memory" over "memory").
     words = sorted(by_word, key=lambda t: (-len(t), t))
     checks = tuple((t.rstrip("*"), t, re.compile(_pattern(t), re.IGNORECASE)) for t in words)
@@ -235,12 +240,13 @@ def _denied(text: str, end: int, term: str) -> bool:
 
 
 def scores(words: Iterable[str], lex: Optional[Lexicon] = None) -> Dict[str, float]:
-    """Category -> summed weight of ``words``."""
+    """Category -> summed weight of ``words``, read as free text (no error line: ``near_error`` terms do not count)."""
     lex = lex or lexicon()
     out: Dict[str, float] = {}
     for w in words:
         for t in lex.by_word.get(w, ()):
-            out[t.category] = out.get(t.category, 0.0) + t.weight
+            if not t.near_error:
+                out[t.category] = out.get(t.category, 0.0) + t.weight
     return out
 
 

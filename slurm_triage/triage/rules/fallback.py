@@ -87,6 +87,8 @@ def weigh(hits: List[LogEvent], anchors: Dict[Tuple[int, str], List[int]]
         fs = factors.get(w)
         strength = sum(sorted(fs, reverse=True)[:REPEATS]) if fs else loose[w]
         for t in lex.by_word.get(w, ()):
+            if t.near_error and not fs:
+                continue
             total[t.category] = total.get(t.category, 0.0) + t.weight * strength
             by_word.setdefault(t.category, {})[w] = t.weight * strength
             strongest[t.category] = max(strongest.get(t.category, 0.0), t.weight)

@@ -16,9 +16,9 @@ from collections import Counter
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ...model import Verdict
-from .. import lexicon
+from .. import healthy, lexicon
 from ..model import LogEvent, TriageFinding, from_events
-from . import Rule
+from . import Rule, prior
 from .catalog import deferring_kinds
 from .common import of_kind, only, ranks_text
 from .slurm import _STATES as SACCT_STATES
@@ -153,7 +153,9 @@ _OURS = {"smi_q_gpu", "smi_row", "smi_processes", "smi_handle_error", "smi_no_de
          "pyspy_thread", "pyspy_error", "fr_missing_ranks", "fr_last_collective", "rocm_row", "ib_port",
          "gpustat_row", "shm_df", "shm_segment", "log_stall"}
 """The parsers' event kinds (a catalog entry may share a prefix, e.g. ``dcgm_thermal_violation``)."""
-_FALLBACK_KINDS = ("first_error", "first_exception")  # what the fallback pass reads: no judgement of its own
+# What the fallback's second pass reads (error lines, words, success markers): no judgement of its own, so a
+# word on a parsed line ("State: Down" in an ibstat paste) leaves the parser's reading of that line standing.
+_FALLBACK_KINDS = ("first_error", "first_exception", lexicon.KIND, lexicon.WHOLE_KIND, prior.KIND, healthy.KIND)
 _COLLECTIVES = {"all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base", "reduce_scatter",
                 "reduce_scatter_tensor", "_reduce_scatter_base", "broadcast", "barrier", "all_to_all",
                 "all_to_all_single", "reduce", "gather", "scatter", "send", "recv", "isend", "irecv",
