@@ -9,10 +9,10 @@ from typing import List
 
 import pytest
 
-from slurm_triage.triage import lexicon, logs, parsers, triage_logs
+from slurm_triage.triage import healthy, lexicon, logs, parsers, triage_logs
 from slurm_triage.triage.model import CATEGORIES, LogEvent, TriageFinding
 from slurm_triage.triage.parsers import kernel, nvidia_smi
-from slurm_triage.triage.rules import correlate, run_rules, structured
+from slurm_triage.triage.rules import correlate, prior, run_rules, structured
 
 DATA = Path(__file__).resolve().parent / "data" / "structured"
 CORPUS = Path(__file__).resolve().parent / "corpus"  # dev cases only (bench/corpus.py split_of)
@@ -489,9 +489,6 @@ def test_ibstat_ports_and_a_spare_port_down_is_only_a_weak_note() -> None:
 def test_the_fallback_pass_words_on_a_parsed_line_leave_its_reading_standing() -> None:
     """The second pass's events (error lines, lexicon words, prior words, success markers) judge nothing: a
     lexicon hit on the Down port's line must not count as the line scanner's finding of it."""
-    from slurm_triage.triage import healthy
-    from slurm_triage.triage.rules import prior
-
     [down] = [e for e in kinds("infiniband/archwiki-ibstat-port2-polling.txt", "ib_port") if e.fields["state"] == "Down"]
     ports = kinds("infiniband/archwiki-ibstat-port2-polling.txt", "ib_port")
     for kind in ("first_error", lexicon.KIND, lexicon.WHOLE_KIND, prior.KIND, healthy.KIND):
